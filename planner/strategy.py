@@ -148,24 +148,36 @@ def model_parallel(graph: OperatorGraph, num_devices: int) -> Strategy:
     """The parameters of every layer split evenly over all devices (FlexFlow sec. 8.2.1).
 
     Ops with parameters are split along their parameter dimension(s) (the largest degree that
-    divides them, up to the number of devices); ops without parameters follow the parameter
-    dimension when they have one of the same kind, and otherwise run whole on device 0 — the
-    standard "model parallelism" baseline of the paper.
+    divides them, up to the number of devices).  Ops without parameters (activations, pools,
+    concatenations) keep the split of their first input when they have a dimension of the same
+    name — a ReLU after a channel-split convolution stays channel-split on the same devices, as in
+    any model-parallel implementation — and otherwise run whole on device 0.
     """
-    cfgs = {}
+    cfgs: dict[str, ParallelConfig] = {}
     for op in graph.ops:
         degrees = [1] * len(op.pardims)
-        remaining = num_devices
+        devices: tuple[int, ...] | None = None
         if op.params:
+            remaining = num_devices
             for i, p in enumerate(op.pardims):
                 if p.kind is DimKind.PARAMETER and remaining > 1:
                     d = _largest_degree(p.size, remaining, p.granule)
                     degrees[i] = d
                     remaining //= d
-        cfg_n = 1
+        elif op.inputs:
+            src = graph[op.inputs[0].op]
+            scfg = cfgs[src.name]
+            split = [(p.name, d) for p, d in zip(src.pardims, scfg.degrees) if d > 1]
+            if len(split) == 1:
+                name, d = split[0]
+                mine = op.pardim(name)
+                if mine is not None and mine.size % d == 0 and (mine.size // d) % mine.granule == 0:
+                    degrees[[p.name for p in op.pardims].index(name)] = d
+                    devices = scfg.devices
+        n = 1
         for d in degrees:
-            cfg_n *= d
-        cfgs[op.name] = ParallelConfig(tuple(degrees), tuple(range(cfg_n)))
+            n *= d
+        cfgs[op.name] = ParallelConfig(tuple(degrees), devices if devices is not None else tuple(range(n)))
     return Strategy.from_mapping(graph, cfgs, "model-parallel")
 
 

@@ -1,0 +1,53 @@
+"""`autopar profile`: measure op times on this machine into the profile cache."""
+
+from __future__ import annotations
+
+import sys
+
+from autopar.planner.errors import AutoparError
+
+from ._common import emit_json
+
+
+def run_profile(args) -> int:
+    import torch
+
+    from autopar.planner.profile_cache import ProfileCache, default_cache_path
+    from autopar.planner.profiler import profile_local
+    from autopar.planner.zoo import parse_options
+
+    topo = args.topology
+    if not (topo == "local" or topo.startswith("local:")):
+        raise AutoparError(f"autopar profile measures this machine: --topology must be local or local:N, not {topo!r}; "
+                           "other hardware is estimated with the analytic model (or profile on that hardware)")
+    workers = int(topo.split(":", 1)[1]) if ":" in topo else 2
+    path = args.profile_cache or default_cache_path()
+    cache = ProfileCache.load(path)
+    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    last = [""]
+
+    def progress(model: str, i: int, n: int, op: str) -> None:
+        if args.json or not sys.stderr.isatty():
+            return
+        line = f"\r{model}: {i}/{n} {op[:40]:<40}"
+        last[0] = line
+        print(line, end="", file=sys.stderr, flush=True)
+
+    report = profile_local([args.model], workers=workers, options=parse_options(args.model_opt), cache=cache,
+                           repeats=args.repeats, warmup=args.warmup, max_tasks=args.max_tasks, device=device,
+                           progress=progress)
+    if last[0]:
+        print(file=sys.stderr)
+    doc = report.to_dict()
+    doc["cache"] = str(path)
+    if args.json:
+        emit_json(doc)
+        return 0
+    print(f"profiled {args.model} for local:{workers} on {report.device_kind}: {len(report.measured)} task shapes "
+          f"measured, {report.cached} already cached, {len(report.skipped)} skipped, in {report.seconds:.1f} s")
+    for op, degrees, reason in report.skipped[:10]:
+        print(f"  skipped {op} {list(degrees)}: {reason}")
+    if report.remaining:
+        print(f"  {report.remaining} task shapes left unmeasured (--max-tasks); run again to continue")
+    print(f"cache: {path}")
+    return 0

@@ -1,0 +1,127 @@
+"""`autopar bench simulator`: full against delta simulation (FlexFlow sec. 5.2–5.3, 8.3).
+
+For each (model, topology) the benchmark starts from data parallelism and makes a chain of
+random one-op changes — what an MCMC proposal does (sec. 6.2): a random op gets a random
+configuration (random degrees, random devices).  Every change is applied with delta simulation
+(`DeltaSession.change`: update the task graph for that op, re-time incrementally) and timed.  At
+evenly spaced points of the chain the same strategy is also simulated in full (build the whole task
+graph and run Algorithm 1 — memory accounting, which both paths can skip, is not timed) and timed, and the two timelines are compared task by task; `agree` is true
+only if every compared timeline was identical.
+
+Both paths share the builder's memo of placement-free work (region overlaps, op costs), as a
+search does; the full path still builds and times every task.
+
+A second table gives data-parallel step times of the zoo models on `p100-4x4` with per-GPU
+throughput, to check against the GPUs' specifications.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import sys
+import time
+from typing import Any
+
+from autopar.planner.cost import CostModel
+from autopar.planner.fx_import import import_spec
+from autopar.planner.presets import get_preset
+from autopar.planner.simulator import simulate
+from autopar.planner.strategy import data_parallel, random_config
+from autopar.planner.taskgraph import DeltaSession, TaskGraphBuilder, simulate_strategy
+from autopar.planner.zoo import get_model
+
+ROWS = [("inception_v3", "p100-4x4"), ("nmt", "p100-4x4"), ("rnnlm", "p100-4x4"),
+        ("inception_v3", "k80-16x4"), ("nmt", "k80-16x4"), ("rnnlm", "k80-16x4")]
+DP_MODELS = ["lenet", "alexnet", "vgg16", "inception_v3", "resnet101", "rnntc", "rnnlm", "nmt", "transformer"]
+
+
+def _log(progress: bool, msg: str) -> None:
+    if progress:
+        print(msg, file=sys.stderr, flush=True)
+
+
+def bench_row(model: str, topology: str, moves: int, fulls: int, seed: int, progress: bool = False) -> dict[str, Any]:
+    graph = import_spec(get_model(model))
+    topo = get_preset(topology)
+    builder = TaskGraphBuilder(graph, topo, CostModel().bind(graph))
+    rng = random.Random(seed)
+    session = DeltaSession(builder, data_parallel(graph, topo.num_devices))
+    every = max(1, moves // max(1, fulls))
+    delta_s: list[float] = []
+    full_s: list[float] = []
+    agree = True
+    ops = list(graph.ops)
+    for m in range(1, moves + 1):
+        op = rng.choice(ops)
+        cfg = random_config(op, topo.num_devices, rng)
+        t0 = time.perf_counter()
+        session.change(op.name, cfg)
+        delta_s.append(time.perf_counter() - t0)
+        if m % every == 0 and len(full_s) < fulls:
+            t0 = time.perf_counter()
+            tl = simulate(builder.build(session.strategy))
+            full_s.append(time.perf_counter() - t0)
+            agree = agree and session.timeline().same_as(tl) and tl.makespan == session.step_time
+            _log(progress, f"  {model} on {topology}: move {m}/{moves}, full {full_s[-1] * 1e3:.0f} ms, "
+                           f"delta {statistics.mean(delta_s) * 1e3:.1f} ms, agree={agree}")
+    full_ms = statistics.mean(full_s) * 1e3
+    delta_ms = statistics.mean(delta_s) * 1e3
+    return {
+        "model": model, "topology": topology, "devices": topo.num_devices, "tasks": len(session.sim.graph),
+        "full_ms": round(full_ms, 3), "delta_ms": round(delta_ms, 3), "speedup": round(full_ms / delta_ms, 2),
+        "agree": agree, "moves": moves, "full_samples": len(full_s),
+    }
+
+
+def data_parallel_row(model: str, topology: str = "p100-4x4") -> dict[str, Any]:
+    spec = get_model(model)
+    graph = import_spec(spec)
+    topo = get_preset(topology)
+    builder = TaskGraphBuilder(graph, topo, CostModel().bind(graph))
+    res, _, _ = simulate_strategy(builder, data_parallel(graph, topo.num_devices))
+    n = topo.num_devices
+    compute = statistics.mean(res.compute_busy.values())
+    return {
+        "model": model, "topology": topology, "devices": n, "batch": graph.batch_size,
+        "step_seconds": res.step_time, "samples_per_second": graph.batch_size / res.step_time,
+        "samples_per_second_per_gpu": graph.batch_size / res.step_time / n,
+        "compute_seconds_per_gpu": compute,
+        "gflop_per_sample": graph.total_flops / graph.batch_size / 1e9,
+        "gpu": topo.devices[0].product,
+        "gpu_peak_tflops": topo.devices[0].peak_flops / 1e12,
+    }
+
+
+def run_simulator_bench(quick: bool = False, seed: int = 0, progress: bool = False) -> dict[str, Any]:
+    moves, fulls = (30, 3) if quick else (200, 8)
+    rows = []
+    for model, topology in ROWS:
+        _log(progress, f"{model} on {topology} …")
+        rows.append(bench_row(model, topology, moves, fulls, seed, progress))
+    dp = []
+    for model in DP_MODELS:
+        _log(progress, f"data parallel {model} on p100-4x4 …")
+        dp.append(data_parallel_row(model))
+    return {"rows": rows, "data_parallel": dp, "settings": {"moves": moves, "full_samples": fulls, "seed": seed}}
+
+
+def print_table(doc: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    c = Console(width=None if sys.stdout.isatty() else 120)
+    t = Table(title="full vs delta simulation (random one-op changes)")
+    for col in ("model", "topology", "devices", "tasks", "full ms", "delta ms", "speedup", "agree"):
+        t.add_column(col, justify="left" if col in ("model", "topology") else "right")
+    for r in doc["rows"]:
+        t.add_row(r["model"], r["topology"], str(r["devices"]), str(r["tasks"]), f"{r['full_ms']:.1f}",
+                  f"{r['delta_ms']:.1f}", f"{r['speedup']:.1f}×", "yes" if r["agree"] else "[red]NO[/red]")
+    c.print(t)
+    d = Table(title="data parallelism on p100-4x4 (simulated)")
+    for col in ("model", "batch", "step", "samples/s", "per GPU", "GFLOP/sample"):
+        d.add_column(col, justify="left" if col == "model" else "right")
+    for r in doc["data_parallel"]:
+        d.add_row(r["model"], str(r["batch"]), f"{r['step_seconds'] * 1e3:.1f} ms", f"{r['samples_per_second']:.0f}",
+                  f"{r['samples_per_second_per_gpu']:.1f}", f"{r['gflop_per_sample']:.2f}")
+    c.print(d)

@@ -1,0 +1,147 @@
+"""The `autopar` command.
+
+    autopar simulate --model nmt --topology p100-4x4            # compare the built-in strategies
+    autopar simulate --model nmt --topology p100-4x4 --strategy plan.yaml --json
+    autopar profile --model lenet --topology local:2            # measure op times into the cache
+    autopar bench simulator --json                              # full vs delta simulation
+    autopar models | autopar topologies                         # what can be named
+
+Every command takes `--json` for machine-readable output.  Errors that a user can fix are printed
+as one line starting with ``autopar: error:`` and exit with status 2; nothing is half-written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Sequence
+
+from autopar.planner.errors import AutoparError
+
+from ._common import add_model_args
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="autopar",
+        description="Find a parallelization of a PyTorch model for a cluster that beats data parallelism "
+                    "(FlexFlow's SOAP search with an execution simulator), and train with it.",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    s = sub.add_parser("simulate", help="simulate strategies of a model on a topology and compare them",
+                       description="Simulate one training step (forward, backward, parameter synchronization, "
+                                   "update) of MODEL on TOPOLOGY under each --strategy and compare them. "
+                                   "Without --strategy every named strategy is simulated.")
+    add_model_args(s)
+    s.add_argument("--strategy", "-s", action="append", default=[], metavar="S",
+                   help="named strategy (data-parallel, model-parallel, single-device, …) or a plan file; repeatable")
+    s.add_argument("--plot", metavar="FILE.png", help="draw the (first) strategy and its simulated timeline")
+    s.set_defaults(func=_cmd_simulate)
+
+    pr = sub.add_parser("profile", help="measure op times on this machine into the profile cache",
+                        description="Run every distinct task of MODEL that a strategy on TOPOLOGY (a local:N "
+                                    "topology) can produce on this machine's CPU (or GPU when present), with "
+                                    "warm-up and the median of repeats, and store forward/backward times in "
+                                    "the profile cache the cost model reads.")
+    add_model_args(pr)
+    pr.add_argument("--repeats", type=int, default=5, help="timed runs per task (median is kept)")
+    pr.add_argument("--warmup", type=int, default=2, help="untimed runs per task first")
+    pr.add_argument("--max-tasks", type=int, default=None, help="profile at most this many new task shapes")
+    pr.set_defaults(func=_cmd_profile)
+
+    b = sub.add_parser("bench", help="the benchmarks the project is judged by",
+                       description="Benchmarks. `simulator`: full vs delta simulation on paper models.")
+    b.add_argument("which", choices=_bench_choices(), help="which benchmark")
+    b.add_argument("--json", action="store_true", help="JSON on stdout")
+    b.add_argument("--quick", action="store_true", help="smaller settings for a 2-core machine")
+    b.add_argument("--seed", type=int, default=0)
+    b.set_defaults(func=_cmd_bench)
+
+    m = sub.add_parser("models", help="list the zoo models and their options")
+    m.add_argument("--json", action="store_true")
+    m.set_defaults(func=_cmd_models)
+    t = sub.add_parser("topologies", help="list the topology presets")
+    t.add_argument("--json", action="store_true")
+    t.set_defaults(func=_cmd_topologies)
+    return p
+
+
+def _bench_choices() -> list[str]:
+    return ["simulator"]
+
+
+def _cmd_simulate(args) -> int:
+    from ._simulate import run_simulate
+    return run_simulate(args)
+
+
+def _cmd_profile(args) -> int:
+    from ._profile import run_profile
+    return run_profile(args)
+
+
+def _cmd_bench(args) -> int:
+    from ._common import emit_json
+    if args.which == "simulator":
+        from .bench_simulator import print_table, run_simulator_bench
+        doc = run_simulator_bench(quick=args.quick, seed=args.seed, progress=not args.json)
+    else:  # argparse restricts the choices
+        raise AssertionError(args.which)
+    if args.json:
+        emit_json(doc)
+    else:
+        print_table(doc)
+    return 0
+
+
+def _cmd_models(args) -> int:
+    from autopar.planner.zoo import get_model, list_models, model_options
+    from ._common import emit_json
+    rows = []
+    for name in list_models():
+        rows.append({"name": name, "options": model_options(name)})
+    if args.json:
+        emit_json({"models": rows})
+        return 0
+    for r in rows:
+        desc = get_model.__module__ and ""
+        opts = " ".join(f"{k}={v}" for k, v in r["options"].items())
+        print(f"{r['name']:<14} {opts}{desc}")
+    return 0
+
+
+def _cmd_topologies(args) -> int:
+    from autopar.planner.presets import get_preset, list_presets
+    from ._common import emit_json
+    rows = []
+    for name in list_presets():
+        topo = get_preset(name)
+        rows.append({"name": name, "devices": topo.num_devices, "nodes": len(topo.nodes), "summary": topo.summary()})
+    if args.json:
+        emit_json({"topologies": rows})
+        return 0
+    for r in rows:
+        print(f"{r['name']:<14} {r['summary']}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _build_parser()
+    args = parser.parse_args(argv)
+    if os.environ.get("AUTOPAR_THREADS"):
+        import torch
+        torch.set_num_threads(int(os.environ["AUTOPAR_THREADS"]))
+    try:
+        return args.func(args)
+    except AutoparError as e:
+        print(f"autopar: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("autopar: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,450 @@
+"""From (operator graph, topology, strategy) to a task graph — FlexFlow sec. 5.1.
+
+Tasks
+-----
+* **Compute**: a forward and a backward task for every partition of every op, on the device the
+  configuration gives it.  Durations come from the cost model (`planner.cost`).
+* **Communication**: for every tensor edge producer → consumer and every pair (producer task,
+  consumer device) whose regions intersect (the consumer's region includes convolution halos, see
+  `planner.graph.AxisMap`), one transfer of the intersection.  Pieces that several consumer tasks
+  on one device need are sent once.  The gradient of the same region flows back along the reverse
+  route in the backward pass.  On the same device no transfer is needed: a plain edge orders the
+  tasks.
+* **Parameter synchronization**: the replicas of every parameter region are synchronized after
+  the backward pass (`_sync_groups`), modelled as a ring all-reduce: with *r* replicas holding
+  *b* bytes, every ring edge carries ``2(r-1)/r · b`` bytes, i.e. the aggregated traffic of the
+  reduce-scatter and all-gather phases, and pays ``2(r-1)`` times its route latency.  Ops that
+  share a parameter (unrolled recurrent steps) all feed one synchronization, so their gradients
+  accumulate first, as in the runtime.
+* **Update**: an optimizer step per device per parameter it holds, after synchronization.
+
+Routes and links
+----------------
+A transfer travels the route `DeviceTopology.route` gives.  It becomes one communication task on
+*every* link of the route, all starting after the producer and all finishing before the consumer
+starts.  Each link task lasts ``bytes / link bandwidth + route latency``: uncontended, the
+transfer takes as long as its slowest link (cut-through, not store-and-forward), and a transfer
+that shares any link with other traffic queues behind it in FIFO order — the contention the
+paper models by treating links as communication devices.
+
+Keys
+----
+Task keys are tuples of ints ``(stage, op or parameter index, ...)`` — stage 0 forward, 1
+backward, 2 synchronization, 3 update — so that on a tie (equal ready times on one device, the
+only case where the key decides the order) forward work goes before backward work.  They are
+derived from op and task indices only, never from the order of construction, so a task graph built from scratch and one edited op by op (`DeltaSession`) name
+their tasks identically and the simulator breaks ties identically.  That is what makes delta
+simulation's timeline comparable, task by task, with full simulation's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import product
+from typing import Iterable
+
+from .cost import CostModel
+from .errors import StrategyError
+from .graph import Op, OperatorGraph
+from .regions import Box, intersect, volume
+from .simulator import DeltaSimulator, TaskGraph, Timeline, simulate
+from .strategy import ParallelConfig, Strategy, check_config
+
+
+def fwd_key(i: int, t: int) -> tuple:
+    return (0, i, 0, t)
+
+
+def bwd_key(n_ops: int, i: int, t: int) -> tuple:
+    # Backward keys count ops from the end: on a tie, later ops' gradients go first, as in a
+    # backward pass issued in reverse program order.
+    return (1, n_ops - i, 0, t)
+
+#: Optimizer state tensors kept per parameter element (SGD with momentum: the momentum buffer;
+#: Adam: first and second moments).
+OPTIMIZER_STATES = {"sgd": 1, "adam": 2}
+
+#: Free ops (graph inputs, views) cost nothing in the cost model; their tasks still take this long
+#: because the simulator's FIFO order, and so delta simulation's exactness, need every task to take
+#: time (see `planner.simulator`).  A nanosecond changes no step time visibly.
+_MIN_TASK_SECONDS = 1e-9
+
+#: Barrier tasks of parameter synchronization run on virtual resources numbered from here, far
+#: above any device or link index.
+_VIRTUAL_RESOURCE_BASE = 1 << 40
+_LAST = 1 << 30
+
+#: A transfer smaller than this still costs its latency; below it we do not bother modelling it
+#: as a separate message (scalars such as partial losses).
+_MIN_TRANSFER_BYTES = 1.0
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """One piece of a tensor moving between devices (before it is split over route links)."""
+
+    src_dev: int
+    dst_dev: int
+    nbytes: float
+    src_tasks: tuple[int, ...]
+    dst_tasks: tuple[int, ...]
+
+
+class TaskGraphBuilder:
+    """Builds and edits task graphs of one (graph, topology, cost model).
+
+    Everything that does not depend on device placement — which producer tasks overlap which
+    consumer tasks and by how many bytes, per-task costs, parameter holdings — is memoized per
+    (op, degrees), so repeated simulations during a search pay for it once.
+    """
+
+    def __init__(self, graph: OperatorGraph, topology, cost: CostModel, optimizer: str = "sgd"):
+        if optimizer not in OPTIMIZER_STATES:
+            raise StrategyError(f"unknown optimizer {optimizer!r}; known: {', '.join(OPTIMIZER_STATES)}")
+        self.graph = graph
+        self.optimizer = optimizer
+        self.topology = topology
+        self.cost = cost
+        self.num_devices = topology.num_devices
+        self.num_ops = len(graph.ops)
+        self._param_index = {name: i for i, name in enumerate(graph.param_specs)}
+        self._in_shapes = {op.name: tuple(graph.input_spec(op, i).shape for i in range(len(op.inputs)))
+                           for op in graph.ops}
+        self._overlap_cache: dict = {}
+        self._ranges_cache: dict = {}
+        self._resource_of_link = [self.num_devices + i for i in range(len(topology.links))]
+
+    # -- memoized, placement-free pieces -----------------------------------------------------
+    def _task_ranges(self, op: Op, degrees: tuple[int, ...]) -> list[dict]:
+        key = (op.name, degrees)
+        hit = self._ranges_cache.get(key)
+        if hit is None:
+            hit = [op.task_ranges(degrees, c) for c in product(*(range(d) for d in degrees))]
+            self._ranges_cache[key] = hit
+        return hit
+
+    def overlaps(self, consumer: Op, j: int, cdeg: tuple[int, ...], pdeg: tuple[int, ...]) -> list[tuple[int, int, Box]]:
+        """(producer task, consumer task, intersection box) for input `j` of `consumer`."""
+        key = (consumer.name, j, cdeg, pdeg)
+        hit = self._overlap_cache.get(key)
+        if hit is not None:
+            return hit
+        ref = consumer.inputs[j]
+        producer = self.graph[ref.op]
+        out = producer.outputs[ref.index]
+        shape = out.shape
+        p_ranges = self._task_ranges(producer, pdeg)
+        # Per producer pardim: the output axis it partitions (None: a reduction dim, all tasks).
+        axis_of = [out.dims.index(p.name) if p.name in out.dims else None for p in producer.pardims]
+        steps = [p.size // d for p, d in zip(producer.pardims, pdeg)]
+        strides = []
+        acc = 1
+        for d in reversed(pdeg):
+            strides.append(acc)
+            acc *= d
+        strides.reverse()
+        result: list[tuple[int, int, Box]] = []
+        for ct, cr in enumerate(self._task_ranges(consumer, cdeg)):
+            cbox = consumer.input_box(j, cr, shape)
+            if volume(cbox) == 0:
+                continue
+            coord_ranges = []
+            for k, ax in enumerate(axis_of):
+                if ax is None:
+                    coord_ranges.append(range(pdeg[k]))
+                else:
+                    lo, hi = cbox[ax]
+                    coord_ranges.append(range(lo // steps[k], (hi - 1) // steps[k] + 1))
+            for coord in product(*coord_ranges):
+                pt = sum(c * s for c, s in zip(coord, strides))
+                inter = intersect(producer.output_box(ref.index, p_ranges[pt]), cbox)
+                if inter is not None:
+                    result.append((pt, ct, inter))
+        self._overlap_cache[key] = result
+        return result
+
+    def transfers(self, consumer: Op, j: int, ccfg: ParallelConfig, pcfg: ParallelConfig,
+                  itemsize: int) -> tuple[list[Transfer], list[tuple[int, int]]]:
+        """Cross-device transfers and same-device (producer task, consumer task) edges of one input."""
+        pieces: dict[tuple[int, int], dict[Box, list[int]]] = {}
+        local: list[tuple[int, int]] = []
+        for pt, ct, box in self.overlaps(consumer, j, ccfg.degrees, pcfg.degrees):
+            sd, dd = pcfg.devices[pt], ccfg.devices[ct]
+            if sd == dd:
+                local.append((pt, ct))
+            else:
+                pieces.setdefault((pt, dd), {}).setdefault(box, []).append(ct)
+        out = []
+        for (pt, dd), boxes in pieces.items():
+            nbytes = float(sum(volume(b) for b in boxes) * itemsize)
+            dst = tuple(sorted({ct for cts in boxes.values() for ct in cts}))
+            out.append(Transfer(pcfg.devices[pt], dd, max(nbytes, _MIN_TRANSFER_BYTES), (pt,), dst))
+        return out, local
+
+    # -- parameter holdings ------------------------------------------------------------------
+    def holdings(self, strategy: Strategy, param: str) -> dict[int, list[Box]]:
+        """device -> the boxes of parameter `param` (its view) that tasks on it read."""
+        held: dict[int, set[Box]] = {}
+        for user in self.graph.param_users[param]:
+            op = self.graph[user]
+            cfg = strategy[user]
+            j = next(k for k, p in enumerate(op.params) if p.name == param)
+            for t, r in enumerate(self._task_ranges(op, cfg.degrees)):
+                held.setdefault(cfg.devices[t], set()).add(op.param_box(j, r))
+        return {d: sorted(b) for d, b in held.items()}
+
+    def sync_groups(self, strategy: Strategy, param: str) -> list[tuple[tuple[int, ...], float]]:
+        """(sorted devices, bytes) for every set of devices that hold the same parameter cells."""
+        return _sync_groups(self.holdings(strategy, param), self.graph.param_specs[param])
+
+    # -- building ------------------------------------------------------------------------------
+    def build(self, strategy: Strategy, into: "TaskGraph | DeltaSimulator | None" = None) -> TaskGraph:
+        """The whole task graph of `strategy` (Algorithm 1's BuildTaskGraph)."""
+        strategy.validate(self.graph, self.num_devices)
+        tg = into if into is not None else TaskGraph()
+        for i, op in enumerate(self.graph.ops):
+            self._add_op(tg, i, op, strategy[op.name])
+        for i, op in enumerate(self.graph.ops):
+            for j in range(len(op.inputs)):
+                self._add_edge_group(tg, strategy, i, op, j)
+        for p in self.graph.param_specs:
+            self._add_param_group(tg, strategy, p)
+        return tg
+
+    def _add_op(self, tg, i: int, op: Op, cfg: ParallelConfig) -> list:
+        device = self.topology.devices
+        keys = []
+        for t, dev in enumerate(cfg.devices):
+            est = self.cost.task_cost(op, cfg.degrees, device[dev], self._in_shapes[op.name])
+            fk, bk = fwd_key(i, t), bwd_key(self.num_ops, i, t)
+            tg.add_task(fk, dev, max(est.forward, _MIN_TASK_SECONDS), "forward", 0.0, op.name)
+            tg.add_task(bk, dev, max(est.backward, _MIN_TASK_SECONDS), "backward", 0.0, op.name)
+            tg.add_edge(fk, bk)
+            keys += [fk, bk]
+        return keys
+
+    def _add_transfer(self, tg, base: tuple, tr: Transfer, latency_mult: int = 1) -> list:
+        route = self.topology.route(tr.src_dev, tr.dst_dev)
+        lat = self.topology.route_latency(tr.src_dev, tr.dst_dev) * latency_mult
+        keys = []
+        links = self.topology.links
+        for h, li in enumerate(route):
+            k = base + (h,)
+            tg.add_task(k, self._resource_of_link[li], lat + tr.nbytes / links[li].bandwidth, "comm",
+                        tr.nbytes if h == 0 else 0.0, links[li].label)
+            keys.append(k)
+        return keys
+
+    def _add_edge_group(self, tg, strategy: Strategy, i: int, op: Op, j: int) -> list:
+        ref = op.inputs[j]
+        p = self.graph.index[ref.op]
+        pcfg, ccfg = strategy[ref.op], strategy[op.name]
+        itemsize = self.graph[ref.op].outputs[ref.index].itemsize
+        transfers, local = self.transfers(op, j, ccfg, pcfg, itemsize)
+        created = []
+        n = self.num_ops
+        for pt, ct in local:
+            tg.add_edge(fwd_key(p, pt), fwd_key(i, ct))
+            tg.add_edge(bwd_key(n, i, ct), bwd_key(n, p, pt))
+        for tr in transfers:
+            pt = tr.src_tasks[0]
+            fkeys = self._add_transfer(tg, (0, i, 1, j, pt, tr.dst_dev), tr)
+            back = Transfer(tr.dst_dev, tr.src_dev, tr.nbytes, tr.dst_tasks, tr.src_tasks)
+            bkeys = self._add_transfer(tg, (1, n - i, 1, j, pt, tr.dst_dev), back)
+            for k in fkeys:
+                tg.add_edge(fwd_key(p, pt), k)
+                for ct in tr.dst_tasks:
+                    tg.add_edge(k, fwd_key(i, ct))
+            for k in bkeys:
+                for ct in tr.dst_tasks:
+                    tg.add_edge(bwd_key(n, i, ct), k)
+                tg.add_edge(k, bwd_key(n, p, pt))
+            created += fkeys + bkeys
+        return created
+
+    def _add_param_group(self, tg, strategy: Strategy, param: str) -> list:
+        """Ring all-reduce per sync group, then an update per device holding the parameter.
+
+        A group's ring starts when every replica's gradient is complete and every device's update
+        waits for the whole ring: two barrier tasks (1 ns each, on a virtual resource of their
+        own so they never queue) join the group's backward tasks to its ring transfers and the
+        ring transfers to the updates, which keeps the edge count linear in the group size.
+        """
+        pi = self._param_index[param]
+        users = self.graph.param_users[param]
+        bwd_by_dev: dict[int, list] = {}
+        for u in users:
+            ui = self.graph.index[u]
+            for t, dev in enumerate(strategy[u].devices):
+                bwd_by_dev.setdefault(dev, []).append(bwd_key(self.num_ops, ui, t))
+        holdings = self.holdings(strategy, param)
+        spec = self.graph.param_specs[param]
+        itemsize = spec.nbytes // max(1, _prod(spec.shape))
+        done_on: dict[int, list] = {}
+        created = []
+        for g, (devs, nbytes) in enumerate(_sync_groups(holdings, spec)):
+            r = len(devs)
+            per_edge = 2.0 * (r - 1) / r * nbytes
+            vres = _VIRTUAL_RESOURCE_BASE + (pi << 16) + 2 * g
+            start, end = (2, pi, g, -1), (2, pi, g, _LAST)
+            tg.add_task(start, vres, _MIN_TASK_SECONDS, "barrier", 0.0, param)
+            tg.add_task(end, vres + 1, _MIN_TASK_SECONDS, "barrier", 0.0, param)
+            created += [start, end]
+            for d in devs:
+                for w in bwd_by_dev.get(d, ()):
+                    tg.add_edge(w, start)
+                done_on.setdefault(d, []).append(end)
+            for e in range(r):
+                tr = Transfer(devs[e], devs[(e + 1) % r], per_edge, (), ())
+                for k in self._add_transfer(tg, (2, pi, g, e), tr, latency_mult=2 * (r - 1)):
+                    tg.add_edge(start, k)
+                    tg.add_edge(k, end)
+                    created.append(k)
+        for dev, boxes in holdings.items():
+            held = _union_volume(boxes) * itemsize
+            k = (3, pi, dev)
+            tg.add_task(k, dev, max(self.cost.update_time(held, self.topology.devices[dev], self.optimizer), _MIN_TASK_SECONDS),
+                        "update", 0.0, param)
+            for w in done_on.get(dev) or bwd_by_dev.get(dev, ()):
+                tg.add_edge(w, k)
+            created.append(k)
+        return created
+
+
+class DeltaSession:
+    """A strategy under incremental change: `change(op, cfg)` edits only the tasks that op's
+    configuration decides — its own compute tasks, the transfers on its input and output edges,
+    the synchronization and updates of its parameters — and re-times the timeline with delta
+    simulation (FlexFlow sec. 5.3, Algorithm 2; see `planner.simulator`)."""
+
+    def __init__(self, builder: TaskGraphBuilder, strategy: Strategy):
+        self.builder = builder
+        strategy.validate(builder.graph, builder.num_devices)
+        self.strategy = strategy
+        self._owned: dict[tuple, list] = {}
+        self.sim = DeltaSimulator(TaskGraph())
+        g = builder.graph
+        for i, op in enumerate(g.ops):
+            self._owned[("op", i)] = builder._add_op(self.sim, i, op, strategy[op.name])
+        for i, op in enumerate(g.ops):
+            for j in range(len(op.inputs)):
+                self._owned[("edge", i, j)] = builder._add_edge_group(self.sim, strategy, i, op, j)
+        for p in g.param_specs:
+            self._owned[("param", p)] = builder._add_param_group(self.sim, strategy, p)
+        self.sim.resimulate()
+
+    @property
+    def step_time(self) -> float:
+        return self.sim.makespan
+
+    def timeline(self) -> Timeline:
+        return self.sim.timeline()
+
+    def change(self, op_name: str, cfg: ParallelConfig) -> float:
+        """Apply a new configuration for one op; return the new simulated step time."""
+        b = self.builder
+        g = b.graph
+        op = g[op_name]
+        check_config(op, cfg, b.num_devices)
+        i = g.index[op_name]
+        groups = [("edge", i, j) for j in range(len(op.inputs))]
+        groups += [("edge", g.index[c], j) for c, j, _ in g.consumers[op_name]]
+        params = list(dict.fromkeys(p.name for p in op.params))
+        owners = [("op", i)] + groups + [("param", p) for p in params]
+        for owner in owners:
+            for k in self._owned.pop(owner, ()):
+                self.sim.remove_task(k)
+        self.strategy = self.strategy.with_config(op_name, cfg)
+        self._owned[("op", i)] = b._add_op(self.sim, i, op, cfg)
+        for owner in groups:
+            ci, j = owner[1], owner[2]
+            self._owned[owner] = b._add_edge_group(self.sim, self.strategy, ci, g.ops[ci], j)
+        for p in params:
+            self._owned[("param", p)] = b._add_param_group(self.sim, self.strategy, p)
+        self.sim.resimulate()
+        return self.sim.makespan
+
+
+def _prod(xs) -> int:
+    n = 1
+    for x in xs:
+        n *= x
+    return n
+
+
+def _cells(boxes_by_dev: dict[int, list[Box]]) -> list[tuple[Box, tuple[int, ...]]]:
+    """Split the union of all boxes into elementary cells; each with the devices that hold it."""
+    all_boxes = [b for bs in boxes_by_dev.values() for b in bs]
+    if not all_boxes:
+        return []
+    rank = len(all_boxes[0])
+    cuts = []
+    for a in range(rank):
+        pts = sorted({x for b in all_boxes for x in b[a]})
+        cuts.append(list(zip(pts, pts[1:])))
+    out = []
+    for cell in product(*cuts):
+        holders = tuple(sorted(d for d, bs in boxes_by_dev.items()
+                               if any(all(lo <= c0 and c1 <= hi for (c0, c1), (lo, hi) in zip(cell, b)) for b in bs)))
+        if holders:
+            out.append((tuple(cell), holders))
+    return out
+
+
+def _sync_groups(boxes_by_dev: dict[int, list[Box]], spec) -> list[tuple[tuple[int, ...], float]]:
+    """Devices that hold the same cells of a parameter must all-reduce those cells' gradients.
+
+    Returns (devices, bytes) per distinct device set with more than one device, in a
+    deterministic order.  Data parallelism gives one group of all replicas with the whole
+    parameter; splitting its parameter dimension gives one group per shard.
+    """
+    if len(boxes_by_dev) < 2:
+        return []
+    itemsize = spec.nbytes // max(1, _prod(spec.shape))
+    acc: dict[tuple[int, ...], int] = {}
+    for cell, holders in _cells(boxes_by_dev):
+        if len(holders) > 1:
+            acc[holders] = acc.get(holders, 0) + volume(cell) * itemsize
+    return sorted(acc.items())
+
+
+def _union_volume(boxes: list[Box]) -> int:
+    if len(boxes) == 1:
+        return volume(boxes[0])
+    return sum(volume(cell) for cell, _ in _cells({0: boxes}))
+
+
+@dataclass(frozen=True)
+class SimulationResult:
+    """What a simulation reports: step time, per-device busy time, bytes moved, peak memory."""
+
+    step_time: float
+    compute_busy: dict[int, float]
+    link_busy: dict[str, float]
+    bytes_moved: float
+    num_tasks: int
+    peak_memory: dict[int, int]
+
+
+def simulate_strategy(builder: TaskGraphBuilder, strategy: Strategy) -> tuple[SimulationResult, Timeline, TaskGraph]:
+    """Full simulation (Algorithm 1): build the task graph and time it from scratch."""
+    from .memory import peak_memory
+    tg = builder.build(strategy)
+    tl = simulate(tg)
+    return summarize(builder, strategy, tg, tl, peak_memory(builder, strategy)), tl, tg
+
+
+def summarize(builder: TaskGraphBuilder, strategy: Strategy, tg: TaskGraph, tl: Timeline,
+              peak: dict[int, int]) -> SimulationResult:
+    n = builder.num_devices
+    busy = tl.busy()
+    compute = {d: busy.get(d, 0.0) for d in range(n)}
+    links = {}
+    for li, link in enumerate(builder.topology.links):
+        v = busy.get(n + li, 0.0)
+        if v > 0:
+            links[link.label] = v
+    moved = sum(tg.task(k).nbytes for k in tg.keys())
+    if not strategy.devices_used():
+        raise StrategyError("strategy places no task on any device")
+    return SimulationResult(tl.makespan, compute, links, moved, len(tg), peak)
