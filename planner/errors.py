@@ -39,3 +39,18 @@ class CostModelError(AutoparError):
 
 class OutOfMemoryError(AutoparError):
     """No strategy (or not the given one) fits the devices' memory."""
+
+
+class SimulationError(AutoparError):
+    """A task graph cannot be simulated as given (bad duration or key, unknown task, stale timeline)."""
+
+
+class UnknownTaskError(SimulationError, KeyError):
+    """A task key that is not in the task graph."""
+
+    def __str__(self) -> str:  # KeyError would quote the whole message
+        return str(self.args[0]) if self.args else ""
+
+
+class TaskGraphCycleError(SimulationError):
+    """The task graph has a dependency cycle; the message names tasks on it."""

@@ -1,0 +1,289 @@
+"""Delta simulation (FlexFlow sec. 5.3, Algorithm 2) as an exact replay from a cut: the tuned loop.
+
+Why this is exact, and how the cut and the convergence test are chosen, is in the docstring of
+`planner.simulator`.  This module is the code; its shape is dictated by CPython costs:
+
+* **Pull, not push.**  Algorithm 1 pushes every finished task's end to each successor (a Python
+  step per edge).  Here a pending task *watches one predecessor* — the one that finished last in
+  the old timeline (`bind`) — and when that one finishes, reads all its inputs at once with
+  ``max(map(en.__getitem__, preds))``, a C loop; an input still unfinished reads ``inf`` and
+  the task re-watches it.  Task graphs with all-to-all dependencies (parameter synchronization:
+  every ring task waits for every replica's backward task) cost a C loop instead of a Python loop.
+* The new global order is spliced into the old one; checkpoints of per-resource state every
+  `S.every` tasks make the cut state cheap to recover.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left, bisect_right
+from heapq import heapify, heappop, heappush, heapreplace
+from itertools import chain, islice, repeat
+
+from ._replay import check_resolution
+from ._taskstore import TaskGraph, find_cycle
+
+INF = math.inf
+#: Re-timed tasks in a row that kept their end before the convergence test runs.
+QUIET = 16
+
+
+def delta_pass(g: TaskGraph, S, seeds, new, removed, limit: float = INF,
+               budget: float = INF) -> dict | None:
+    """Re-time the timeline held by `S` (a `DeltaSimulator`) after edits: `seeds` are old tasks
+    with new inputs or duration, `new` added and `removed` deleted tasks (ids).
+
+    When more than `limit` tasks lie after the cut, the replay only goes on while it has
+    re-timed at most `budget` tasks: a change that is absorbed early still pays off, one that
+    shifts the rest of the step is better served by a full simulation.  Returns None when it
+    gives up; `S._broken` then says that `S`'s times are partly rewritten (as after a cycle
+    error), and the caller must simulate in full."""
+    key, pred, succ, dur, rix = g._key, g._pred, g._succ, g._dur, g._rix
+    rdy, en, bind, seq, simf = S.rdy, S.en, S.bind, S.seq, S.sim
+    nres = len(g._rlist)
+
+    # 1. The cut C = (time, key): old tasks before it keep their times.
+    Ct, Ck = INF, ()
+    for x in chain(seeds, removed):
+        r = rdy[x]
+        if r < Ct or (r == Ct and key[x] < Ck):
+            Ct, Ck = r, key[x]
+    # A seed or new task whose inputs all lie before the cut may be ready before it: lower the
+    # cut to it.  C only decreases, so one pass suffices.
+    for x in chain(seeds, new):
+        r = 0.0
+        for p in pred[x]:
+            if not simf[p]:
+                break
+            rp = rdy[p]
+            if rp > Ct or (rp == Ct and key[p] >= Ck):
+                break
+            if en[p] > r:
+                r = en[p]
+        else:
+            if r < Ct or (r == Ct and key[x] < Ck):
+                Ct, Ck = r, key[x]
+    L = len(seq)
+    cut = bisect_left(seq, (Ct, Ck), key=lambda i: (rdy[i], key[i])) if Ct < INF else L
+    if L - cut + len(new) <= limit:
+        budget = INF
+    elif budget < 1:
+        return None
+
+    # 2. Every resource's last end just before the cut: nearest checkpoint, then a short scan.
+    j = bisect_right(S.ck_pos, cut) - 1
+    v0 = S.ck_vec[j]
+    last = v0 + [0.0] * (nres - len(v0))
+    for x in islice(seq, S.ck_pos[j], cut):
+        last[rix[x]] = en[x]
+    at_cut = last[:]
+    olast = last[:]  # the same state advanced along the *old* order, for the convergence test
+    ofinal = S.final + [0.0] * (nres - len(S.final))  # old last end of every resource
+
+    # 3. Set up.  New times are written in place (`S` is marked for a full simulation if the
+    # pass fails midway); the old times stay readable in the copies `ordy`, `oen`.  Every task
+    # after the cut reads inf until re-timed and watches the input that finished last before
+    # (`bind`); one whose inputs are all before the cut is ready now.
+    S.epoch += 1
+    ep = S.epoch
+    sm, st, W = S.sm, S.st, S.watch
+    ordy = rdy[:]
+    oen = en[:]
+    any(map(en.__setitem__, islice(seq, cut, None), repeat(INF)))
+    any(map(en.__setitem__, new, repeat(INF)))
+    any(map(oen.__setitem__, new, repeat(math.nan)))  # a new task's end is never "unchanged"
+    for x in chain(seeds, new, removed):
+        sm[x] = ep
+
+    def wait(x: int) -> None:
+        """Watch the unfinished input of `x` most likely to finish last (new inputs first)."""
+        best, bv = -1, -1.0
+        for p in pred[x]:
+            if en[p] == INF:
+                v = oen[p] if simf[p] else INF
+                if v > bv:
+                    best, bv = p, v
+        w = W[best]
+        if w is None:
+            W[best] = [x]
+        else:
+            w.append(x)
+
+    heap = []
+    for x in islice(seq, cut, None):
+        if sm[x] == ep:
+            continue  # seeds below; removed tasks never run
+        b = bind[x]
+        if b >= 0 and en[b] == INF:
+            w = W[b]
+            if w is None:
+                W[b] = [x]
+            else:
+                w.append(x)
+        else:  # its last input is before the cut, hence all are: ready as before
+            heap.append((rdy[x], key[x], x))
+    for x in chain(seeds, new):
+        ps = pred[x]
+        if not ps:
+            bind[x] = -1
+            heap.append((0.0, key[x], x))
+            continue
+        r = max(map(en.__getitem__, ps))
+        if r == INF:
+            wait(x)
+        else:
+            bind[x] = max(ps, key=lambda p: (rdy[p], key[p]))  # last to finish, in pop order
+            heap.append((r, key[x], x))
+    heapify(heap)
+
+    # 4. Replay in (ready, key) order.  The hot loop only re-times.  The convergence test
+    # (docstring) runs once QUIET re-timed tasks in a row kept their end and no seed or new task
+    # is left: it walks the old order up to the next event — olast becomes the old per-resource
+    # state there — and compares: same tasks done, same last ends, no moved end with a successor
+    # still to run, every removed task behind.
+    order: list[int] = []
+    emit = order.append
+    waiting = list(chain(seeds, new))  # seeds and new tasks, pruned as they are re-timed
+    gone_set = set(removed)
+    gone = len(removed)            # removed tasks the old order has not passed yet
+    npassed = 0                    # old tasks passed by the old order
+    passed_open: list[int] = []    # passed by the old order, not re-timed yet
+    changed: list[int] = []        # re-timed with a new end
+    quiet = 0
+    recheck = 0      # re-timed count before which the convergence test is not run again
+    stop = QUIET     # re-timed count at which the loop looks at tests and budget again
+    i = cut
+    converged = False
+    S._broken = True  # until the pass completes
+    while heap:
+        r, _, t = heap[0]
+        R = rix[t]
+        s = last[R]
+        if s < r:
+            s = r
+        e = s + dur[t]
+        last[R] = e
+        rdy[t] = r
+        st[t] = s
+        en[t] = e
+        emit(t)
+        if e == oen[t]:
+            quiet += 1
+        else:
+            changed.append(t)
+            quiet = 0
+        top = True  # heap[0] is still t's entry: the first ready watcher replaces it
+        ws = W[t]
+        if ws is not None:
+            W[t] = None
+            for x in ws:
+                ps = pred[x]
+                rx = e if len(ps) == 1 else max(map(en.__getitem__, ps))
+                if rx == INF:
+                    wait(x)
+                else:
+                    bind[x] = t
+                    if top:
+                        heapreplace(heap, (rx, key[x], x))
+                        top = False
+                    else:
+                        heappush(heap, (rx, key[x], x))
+        if top:
+            heappop(heap)
+        if len(order) < stop:
+            continue
+        n = len(order)
+        if n > budget:
+            return None  # S._broken stays set
+        if quiet < QUIET or n < recheck:
+            stop = min(max(recheck, n + QUIET - quiet), budget + 1)
+            continue
+        stop = n + 1
+        # Each failed test postpones the next by as many re-timed tasks as it cost steps,
+        # which keeps testing within a constant factor of the replay.
+        if waiting:
+            waiting = [x for x in waiting if en[x] == INF]
+            if waiting:
+                recheck = len(order) + QUIET + len(waiting)
+                continue
+        if heap:
+            Pr, Pk = heap[0][0], heap[0][1]
+        else:
+            Pr, Pk = INF, ()
+        while i < L:
+            x = seq[i]
+            xr = ordy[x]
+            if xr > Pr or (xr == Pr and key[x] >= Pk):
+                break
+            i += 1
+            olast[rix[x]] = oen[x]
+            if x in gone_set:
+                gone -= 1
+            else:
+                npassed += 1
+                if en[x] == INF:
+                    passed_open.append(x)
+        recheck = len(order) + QUIET
+        # All new tasks are re-timed (waiting is empty), so the others are old ones.
+        if gone or len(order) - len(new) != npassed:
+            continue
+        passed_open = [x for x in passed_open if en[x] == INF]
+        recheck += len(passed_open)
+        if passed_open:
+            continue
+        # A resource whose last ends differ only matters if an old task still has to run on it
+        # (its final old end is later than the old end so far).
+        recheck += nres >> 3
+        if last != olast and any(a != b and f != b for a, b, f in zip(last, olast, ofinal)):
+            continue
+        changed = [c for c in changed if any(en[y] == INF for y in succ[c])]
+        recheck += len(changed)
+        if not changed:
+            converged = True
+            break
+
+    if converged:
+        # Tasks from the stop on keep their old times (some were waiting or queued).
+        tail = seq[i:]
+        any(map(en.__setitem__, tail, map(oen.__getitem__, tail)))
+        any(map(W.__setitem__, tail, repeat(None)))
+    else:
+        i = L  # the whole old suffix is replaced
+        if cut + len(order) != len(g._id):
+            start = next(x for x in g._id.values() if en[x] == INF)
+            raise find_cycle(start, pred, lambda p: en[p] == INF, key)
+    # Resources with old tasks still to come end as before; the others where the replay left them.
+    final = [f if f != b else a for a, b, f in zip(last, olast, ofinal)] if converged else last
+    makespan = max(final, default=0.0)
+    check_resolution(g, makespan)
+
+    # 5. Commit: flags, order, checkpoints (every `every` tasks of the new stretch).
+    for t in new:
+        simf[t] = True
+    for x in removed:
+        simf[x] = False
+        W[x] = None
+    every = S.every
+    v = at_cut
+    mid_pos: list[int] = []
+    mid_vec: list[list[float]] = []
+    for c in range(0, len(order), every):
+        mid_pos.append(cut + c)
+        mid_vec.append(v[:])
+        for t in islice(order, c, c + every):
+            v[rix[t]] = en[t]
+    pos, vecs = S.ck_pos, S.ck_vec
+    lo = bisect_right(pos, cut)
+    hi = bisect_left(pos, i) if converged else len(pos)
+    shift = cut + len(order) - i
+    if mid_pos and mid_pos[0] == pos[lo - 1]:  # the cut itself was a checkpoint
+        del mid_pos[0], mid_vec[0]
+    S.ck_pos = pos[:lo] + mid_pos + [p + shift for p in pos[hi:]]
+    S.ck_vec = vecs[:lo] + mid_vec + vecs[hi:]
+    seq[cut:i] = order
+    S._makespan = makespan
+    S.final = final
+    S._broken = False
+    return {"mode": "delta", "tasks": len(g._id), "seeds": len(seeds), "new": len(new),
+            "removed": len(removed), "cut": cut, "stop": i, "converged": converged,
+            "retimed": len(order)}

@@ -1,0 +1,241 @@
+"""The task graph container the simulator times (FlexFlow sec. 5.1, Table 2).
+
+A `TaskGraph` is mutable on purpose: delta simulation (sec. 5.3) edits one op's tasks in place
+instead of rebuilding 10^5 tasks.  Internally every task has a dense integer id and its
+properties live in flat lists indexed by id, so the simulation loops in `_replay` touch no
+per-task objects; adjacency is a `set` of ids per task, so edges can be added idempotently and
+removed in O(1).  Ids of removed tasks are recycled through a free list — except while a
+`DeltaSimulator` still needs the old task's key, resource and times to replay the old timeline;
+then the ids wait in `_held` until the simulator releases them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from operator import index as _as_index
+from typing import Iterator
+
+from .errors import SimulationError, TaskGraphCycleError, UnknownTaskError
+
+
+@dataclass(frozen=True)
+class TaskInfo:
+    """What the graph knows about one task; times live in a `Timeline`."""
+
+    key: tuple
+    resource: int
+    duration: float
+    kind: str = "compute"
+    nbytes: float = 0.0
+    label: str = ""
+
+
+def _check_duration(key, duration) -> float:
+    d = float(duration)
+    if not 0.0 < d < math.inf:  # also rejects NaN
+        raise SimulationError(
+            f"task {key!r}: duration {duration!r} s must be positive and finite; the simulator's "
+            f"FIFO order and its exactness rest on every task taking time (give a free task a "
+            f"tiny duration such as 1e-9 s, or leave it out)")
+    return d
+
+
+class TaskGraph:
+    """Tasks on resources (devices and links alike) with ordering edges between them."""
+
+    __slots__ = ("_id", "_key", "_res", "_rix", "_dur", "_kind", "_nbytes", "_label",
+                 "_pred", "_succ", "_free", "_held", "_hold", "_rindex", "_rlist",
+                 "_version", "_dmin")
+
+    def __init__(self) -> None:
+        self._id: dict[tuple, int] = {}      # key -> id of live tasks
+        self._key: list = []                 # id -> key (kept after removal until the id is reused)
+        self._res: list[int] = []            # id -> resource as the caller named it
+        self._rix: list[int] = []            # id -> dense resource index (0..number of resources)
+        self._dur: list[float] = []
+        self._kind: list[str] = []
+        self._nbytes: list[float] = []
+        self._label: list[str] = []
+        self._pred: list[set[int]] = []
+        self._succ: list[set[int]] = []
+        self._free: list[int] = []
+        self._held: list[int] = []           # removed ids a DeltaSimulator still reads
+        self._hold = False
+        self._rindex: dict[int, int] = {}    # resource -> dense index; never shrinks
+        self._rlist: list[int] = []          # dense index -> resource
+        self._version = 0                    # bumped by every edit; timelines and simulators check it
+        self._dmin = math.inf                # lower bound of every duration ever set
+
+    # -- queries ---------------------------------------------------------------------------
+    def __contains__(self, key) -> bool:
+        return key in self._id
+
+    def __len__(self) -> int:
+        return len(self._id)
+
+    def __iter__(self) -> Iterator[tuple]:
+        return iter(self._id)
+
+    def keys(self):
+        return self._id.keys()
+
+    def _ix(self, key) -> int:
+        try:
+            return self._id[key]
+        except (KeyError, TypeError):
+            raise UnknownTaskError(f"no task {key!r} in the task graph ({len(self._id)} tasks)") from None
+
+    def task(self, key) -> TaskInfo:
+        i = self._ix(key)
+        return TaskInfo(self._key[i], self._res[i], self._dur[i], self._kind[i], self._nbytes[i], self._label[i])
+
+    def preds(self, key) -> tuple:
+        k = self._key
+        return tuple(k[j] for j in self._pred[self._ix(key)])
+
+    def succs(self, key) -> tuple:
+        k = self._key
+        return tuple(k[j] for j in self._succ[self._ix(key)])
+
+    def resources(self) -> list[int]:
+        """Every resource some task ever used, in order of first use."""
+        return list(self._rlist)
+
+    def num_edges(self) -> int:
+        return sum(len(self._succ[i]) for i in self._id.values())
+
+    # -- edits -----------------------------------------------------------------------------
+    def add_task(self, key, resource: int, duration: float, kind: str = "compute",
+                 nbytes: float = 0.0, label: str = "") -> None:
+        self._add(key, resource, duration, kind, nbytes, label)
+
+    def _add(self, key, resource, duration, kind, nbytes, label) -> int:
+        if type(key) is not tuple or not all(type(x) is int for x in key):
+            raise SimulationError(
+                f"task key {key!r} must be a tuple of ints: keys order tasks on a tie, so they must "
+                f"compare with each other")
+        if key in self._id:
+            raise SimulationError(f"task {key!r} is already in the task graph; remove it first to replace it")
+        d = _check_duration(key, duration)
+        try:
+            r = _as_index(resource)
+        except TypeError:
+            raise SimulationError(f"task {key!r}: resource {resource!r} must be an int") from None
+        rix = self._rindex.get(r)
+        if rix is None:
+            rix = self._rindex[r] = len(self._rlist)
+            self._rlist.append(r)
+        if d < self._dmin:
+            self._dmin = d
+        if self._free:
+            i = self._free.pop()
+            self._key[i] = key
+            self._res[i] = r
+            self._rix[i] = rix
+            self._dur[i] = d
+            self._kind[i] = kind
+            self._nbytes[i] = nbytes
+            self._label[i] = label
+        else:
+            i = len(self._key)
+            self._key.append(key)
+            self._res.append(r)
+            self._rix.append(rix)
+            self._dur.append(d)
+            self._kind.append(kind)
+            self._nbytes.append(nbytes)
+            self._label.append(label)
+            self._pred.append(set())
+            self._succ.append(set())
+        self._id[key] = i
+        self._version += 1
+        return i
+
+    def remove_task(self, key) -> None:
+        self._remove(self._ix(key))
+
+    def _remove(self, i: int) -> None:
+        """Drop task `i` and its edges.  Its key, resource and duration stay readable until the id
+        is reused, which a holding simulator defers (`_held`)."""
+        del self._id[self._key[i]]
+        succ, pred = self._succ, self._pred
+        for p in pred[i]:
+            succ[p].discard(i)
+        for s in succ[i]:
+            pred[s].discard(i)
+        pred[i].clear()
+        succ[i].clear()
+        (self._held if self._hold else self._free).append(i)
+        self._version += 1
+
+    def _release_held(self) -> None:
+        self._free.extend(self._held)
+        self._held.clear()
+
+    def add_edge(self, src, dst) -> None:
+        """`dst` cannot start before `src` ends.  Adding an existing edge changes nothing."""
+        self._add_edge(self._ix(src), self._ix(dst))
+
+    def _add_edge(self, a: int, b: int) -> bool:
+        if a == b:
+            raise TaskGraphCycleError(f"edge {self._key[a]!r} -> itself would be a cycle of one task")
+        sa = self._succ[a]
+        if b in sa:
+            return False
+        sa.add(b)
+        self._pred[b].add(a)
+        self._version += 1
+        return True
+
+    def remove_edge(self, src, dst) -> None:
+        self._remove_edge(self._ix(src), self._ix(dst))
+
+    def _remove_edge(self, a: int, b: int) -> None:
+        sa = self._succ[a]
+        if b not in sa:
+            raise SimulationError(f"no edge {self._key[a]!r} -> {self._key[b]!r} to remove")
+        sa.discard(b)
+        self._pred[b].discard(a)
+        self._version += 1
+
+    def set_duration(self, key, duration) -> None:
+        self._set_duration(self._ix(key), duration)
+
+    def _set_duration(self, i: int, duration) -> bool:
+        d = _check_duration(self._key[i], duration)
+        if d == self._dur[i]:
+            return False
+        if d < self._dmin:
+            self._dmin = d
+        self._dur[i] = d
+        self._version += 1
+        return True
+
+    def __repr__(self) -> str:
+        return f"TaskGraph({len(self._id)} tasks, {len(self._rlist)} resources)"
+
+
+def find_cycle(start: int, pred: list, unfinished, key: list) -> TaskGraphCycleError:
+    """The error for a simulation that stalled: a cycle among unfinished tasks, by name.
+
+    Every unfinished task waits for at least one unfinished predecessor (otherwise it would have
+    run), so walking such predecessors from any unfinished task must revisit a task; the walk
+    between the two visits is a cycle.
+    """
+    seen: dict[int, int] = {}
+    path: list[int] = []
+    x = start
+    while x not in seen:
+        seen[x] = len(path)
+        path.append(x)
+        x = next(p for p in pred[x] if unfinished(p))
+    cycle = path[seen[x]:][::-1]  # walked backwards along edges
+    first = min(range(len(cycle)), key=lambda n: key[cycle[n]])  # start at the smallest key
+    cycle = cycle[first:] + cycle[:first]
+    names = [repr(key[i]) for i in cycle] + [repr(key[cycle[0]])]
+    if len(names) > 9:
+        names = names[:4] + [f"... ({len(cycle)} tasks) ..."] + names[-4:]
+    return TaskGraphCycleError(
+        f"the task graph has a dependency cycle: {' -> '.join(names)}; no task on it can ever "
+        f"start — remove one of these edges")

@@ -1,0 +1,324 @@
+"""Delta simulation (FlexFlow Algorithm 2, exact replay form) gives bit-identical timelines to full
+simulation after any batch of edits."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import math
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import autopar.planner._delta as delta_module
+import autopar.planner.simulator as simulator_module
+from autopar.planner.errors import TaskGraphCycleError
+from autopar.planner.simulator import DeltaSimulator, TaskGraph, simulate
+
+DURATIONS = [0.5, 1.0, 1.5, 2.0]  # few values, so equal ready times (ties) actually happen
+
+
+@contextlib.contextmanager
+def replay_always(quiet: int = 1):
+    """Take the replay path for every batch (not a full pass) and test convergence eagerly."""
+    saved = simulator_module._REPLAY_FRACTION, delta_module.QUIET
+    simulator_module._REPLAY_FRACTION, delta_module.QUIET = math.inf, quiet
+    try:
+        yield
+    finally:
+        simulator_module._REPLAY_FRACTION, delta_module.QUIET = saved
+
+
+def assert_same(sim: DeltaSimulator) -> None:
+    got = sim.resimulate()
+    want = simulate(sim.graph)
+    assert got.same_as(want), (sim.stats, got.differences(want))
+    assert sim.makespan == want.makespan
+
+
+class World:
+    """A task graph with a hidden topological rank per task, so random edits stay acyclic."""
+
+    def __init__(self, data, max_tasks: int = 25):
+        self.data = data
+        self.fresh = itertools.count(1000)
+        n = data.draw(st.integers(1, max_tasks), label="tasks")
+        self.nres = data.draw(st.integers(1, 4), label="resources")
+        self.rank: dict[tuple, float] = {}
+        g = TaskGraph()
+        for j in range(n):
+            k = data.draw(st.tuples(st.integers(0, 40), st.integers(0, 2)).filter(lambda k: k not in self.rank))
+            self.rank[k] = float(j)
+            g.add_task(k, self._res(), self._dur())
+        keys = list(self.rank)
+        for j in range(1, n):
+            for i in data.draw(st.sets(st.integers(0, j - 1), max_size=3)):
+                g.add_edge(keys[i], keys[j])
+        self.sim = DeltaSimulator(g)
+
+    def _res(self) -> int:
+        return self.data.draw(st.integers(0, self.nres - 1))
+
+    def _dur(self) -> float:
+        return self.data.draw(st.sampled_from(DURATIONS))
+
+    def _pick(self):
+        return self.data.draw(st.sampled_from(sorted(self.rank)))
+
+    def _ordered(self, a, b):
+        """The edge between a and b that respects the hidden order (ties broken by key)."""
+        return (a, b) if (self.rank[a], a) < (self.rank[b], b) else (b, a)
+
+    def edit(self) -> None:
+        sim, g = self.sim, self.sim.graph
+        op = self.data.draw(st.sampled_from(["remove", "add", "duration", "edge", "unedge", "replace"]))
+        if op == "add" or not self.rank:
+            k = (next(self.fresh), 0)
+            self.rank[k] = self.data.draw(st.floats(-1.0, 30.0))
+            sim.add_task(k, self._res(), self._dur())
+            others = sorted(self.rank)
+            for o in self.data.draw(st.lists(st.sampled_from(others), max_size=4)):
+                if o != k:
+                    sim.add_edge(*self._ordered(o, k))
+        elif op == "remove":
+            k = self._pick()
+            del self.rank[k]
+            sim.remove_task(k)
+        elif op == "replace":  # what DeltaSession does: remove a task, add it back changed
+            k = self._pick()
+            preds, succs = g.preds(k), g.succs(k)
+            sim.remove_task(k)
+            sim.add_task(k, self._res(), self._dur())
+            for p in self.data.draw(st.lists(st.sampled_from(preds), max_size=2)) if preds else ():
+                sim.add_edge(p, k)
+            for s in succs:
+                sim.add_edge(k, s)
+        elif op == "duration":
+            sim.set_duration(self._pick(), self._dur())
+        elif op == "edge" and len(self.rank) > 1:
+            a, b = self._pick(), self._pick()
+            if a != b:
+                sim.add_edge(*self._ordered(a, b))
+        elif op == "unedge":
+            k = self._pick()
+            if g.preds(k):
+                sim.remove_edge(self.data.draw(st.sampled_from(sorted(g.preds(k)))), k)
+
+
+@settings(max_examples=250, deadline=None)
+@given(st.data())
+def test_delta_equals_full_after_every_batch_of_random_edits(data):
+    with replay_always():
+        w = World(data)
+        assert_same(w.sim)
+        for _ in range(data.draw(st.integers(1, 4), label="batches")):
+            for _ in range(data.draw(st.integers(1, 5), label="edits")):
+                w.edit()
+            assert_same(w.sim)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.data())
+def test_delta_equals_full_with_the_default_replay_policy(data):
+    w = World(data, max_tasks=40)
+    for _ in range(3):
+        w.edit()
+        assert_same(w.sim)
+
+
+@pytest.mark.slow
+@settings(max_examples=2000, deadline=None)
+@given(st.data())
+def test_delta_equals_full_on_thousands_of_random_edit_batches(data):
+    with replay_always(quiet=data.draw(st.sampled_from([1, 2, 16]))):
+        w = World(data, max_tasks=40)
+        for _ in range(data.draw(st.integers(1, 6))):
+            for _ in range(data.draw(st.integers(1, 8))):
+                w.edit()
+            assert_same(w.sim)
+
+
+# -- a training step: forward, backward, transfers on shared links, gradient rings ------------
+
+class TrainingStep:
+    """Layers split over devices; a change re-partitions one layer, like one MCMC move."""
+
+    def __init__(self, devices: int, layers: int, seed: int):
+        self.D, self.L = devices, layers
+        self.rng = random.Random(seed)
+        self.work = [self.rng.choice([1.0, 2.0, 3.0]) for _ in range(layers)]
+        self.cfg = [self.config() for _ in range(layers)]
+        self.owned: dict = {}
+
+    def config(self) -> tuple[int, int]:
+        degree = self.rng.choice([d for d in (1, 2, 4, 8) if d <= self.D])
+        return degree, self.rng.randrange(self.D // degree) * degree
+
+    def link(self, a: int, b: int) -> int:  # one link per node pair of 2 devices, both ways shared
+        return 100 + min(a // 2, b // 2) * 16 + max(a // 2, b // 2)
+
+    def devices(self, layer: int) -> list[int]:
+        degree, first = self.cfg[layer]
+        return list(range(first, first + degree))
+
+    def add_layer(self, g, l):
+        keys = []
+        devs = self.devices(l)
+        for t, d in enumerate(devs):
+            f, b = (0, l, 0, t), (1, self.L - l, 0, t)
+            g.add_task(f, d, self.work[l] / len(devs))
+            g.add_task(b, d, 2 * self.work[l] / len(devs))
+            g.add_edge(f, b)
+            keys += [f, b]
+        return keys
+
+    def add_edges(self, g, l):
+        keys = []
+        if l == 0:
+            return keys
+        P, C = self.devices(l - 1), self.devices(l)
+        for a, da in enumerate(P):
+            for c, dc in enumerate(C):
+                if max(a / len(P), c / len(C)) >= min((a + 1) / len(P), (c + 1) / len(C)):
+                    continue  # no overlap of the two sample ranges
+                f0, f1 = (0, l - 1, 0, a), (0, l, 0, c)
+                b1, b0 = (1, self.L - l, 0, c), (1, self.L - l + 1, 0, a)
+                if da == dc:
+                    g.add_edge(f0, f1)
+                    g.add_edge(b1, b0)
+                    continue
+                for k, src, dst, (u, v) in (((0, l, 1, a, c), f0, f1, (da, dc)), ((1, self.L - l, 1, a, c), b1, b0, (dc, da))):
+                    g.add_task(k, self.link(u, v), 0.5, "comm", 1.0)
+                    g.add_edge(src, k)
+                    g.add_edge(k, dst)
+                    keys.append(k)
+        return keys
+
+    def add_sync(self, g, l):
+        devs = self.devices(l)
+        keys = []
+        for e, d in enumerate(devs if len(devs) > 1 else []):
+            k = (2, l, e)
+            g.add_task(k, self.link(d, devs[(e + 1) % len(devs)]), 0.25, "comm", 1.0)
+            for t in range(len(devs)):
+                g.add_edge((1, self.L - l, 0, t), k)
+            keys.append(k)
+        return keys
+
+    def build(self, g):
+        for l in range(self.L):
+            self.owned[("op", l)] = self.add_layer(g, l)
+        for l in range(self.L):
+            self.owned[("edge", l)] = self.add_edges(g, l)
+            self.owned[("sync", l)] = self.add_sync(g, l)
+
+    def change(self, sim, l):
+        groups = [("op", l), ("edge", l), ("sync", l)] + ([("edge", l + 1)] if l + 1 < self.L else [])
+        for grp in groups:
+            for k in self.owned.pop(grp):
+                sim.remove_task(k)
+        self.cfg[l] = self.config()
+        self.owned[("op", l)] = self.add_layer(sim, l)
+        self.owned[("edge", l)] = self.add_edges(sim, l)
+        if l + 1 < self.L:
+            self.owned[("edge", l + 1)] = self.add_edges(sim, l + 1)
+        self.owned[("sync", l)] = self.add_sync(sim, l)
+
+
+@pytest.mark.parametrize("devices,layers,seed", [(4, 8, 0), (8, 12, 1)])
+def test_delta_equals_full_on_training_step_moves(devices, layers, seed):
+    step = TrainingStep(devices, layers, seed)
+    g = TaskGraph()
+    step.build(g)
+    sim = DeltaSimulator(g)
+    with replay_always(quiet=4):
+        for _ in range(12):
+            step.change(sim, step.rng.randrange(layers))
+            assert_same(sim)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(4))
+def test_delta_equals_full_on_long_chains_of_training_step_moves(seed):
+    step = TrainingStep(16, 24, seed)
+    g = TaskGraph()
+    step.build(g)
+    sim = DeltaSimulator(g)
+    for _ in range(60):
+        step.change(sim, step.rng.randrange(24))
+        assert_same(sim)
+
+
+# -- what the replay does ----------------------------------------------------------------------
+
+def absorbed_change_graph() -> TaskGraph:
+    """(0,) feeds (2,) but (1,) decides when (2,) is ready; 100 tasks follow (2,)."""
+    g = TaskGraph()
+    g.add_task((0,), 0, 1.0)
+    g.add_task((1,), 1, 5.0)
+    g.add_task((2,), 2, 1.0)
+    g.add_edge((0,), (2,))
+    g.add_edge((1,), (2,))
+    prev = (2,)
+    for k in range(3, 103):
+        g.add_task((k,), 3, 1.0)
+        g.add_edge(prev, (k,))
+        prev = (k,)
+    return g
+
+
+def test_a_change_absorbed_by_slack_stops_the_replay_early():
+    sim = DeltaSimulator(absorbed_change_graph())
+    sim.set_duration((0,), 2.0)
+    assert_same(sim)
+    assert sim.stats["mode"] == "delta" and sim.stats["converged"]
+    assert sim.stats["retimed"] < 40  # of 103: it stopped once the states agreed again
+
+
+def test_a_change_that_propagates_retimes_everything_after_it():
+    sim = DeltaSimulator(absorbed_change_graph())
+    with replay_always(quiet=1):
+        sim.set_duration((1,), 6.0)
+        assert_same(sim)
+    assert not sim.stats["converged"] and sim.stats["retimed"] == 102  # all but (0,)
+    assert sim.makespan == 107.0
+
+
+def test_a_late_change_replays_only_the_end_of_the_step():
+    sim = DeltaSimulator(absorbed_change_graph())
+    sim.set_duration((95,), 3.0)
+    assert_same(sim)
+    assert sim.stats["mode"] == "delta" and sim.stats["retimed"] == 8
+
+
+def test_a_cycle_added_by_an_edit_is_reported_and_can_be_undone():
+    sim = DeltaSimulator(absorbed_change_graph())
+    sim.add_edge((50,), (10,))
+    with pytest.raises(TaskGraphCycleError, match=r"\(50,\) -> \(10,\)"):
+        sim.resimulate()
+    sim.remove_edge((50,), (10,))
+    assert_same(sim)
+
+
+def test_edits_made_on_the_graph_directly_are_still_simulated_exactly():
+    sim = DeltaSimulator(absorbed_change_graph())
+    sim.graph.set_duration((1,), 7.0)  # behind the simulator's back
+    sim.graph.remove_task((60,))
+    assert_same(sim)
+    assert sim.stats["mode"] == "full"
+
+
+def test_removing_and_re_adding_a_key_in_one_batch_is_exact():
+    sim = DeltaSimulator(absorbed_change_graph())
+    with replay_always():
+        sim.remove_task((2,))
+        sim.add_task((2,), 0, 3.0)  # same key, other resource and duration
+        sim.add_edge((1,), (2,))
+        sim.add_edge((2,), (3,))
+        sim.add_task((500,), 4, 1.0)
+        sim.set_duration((500,), 2.0)  # edit a task added in the same batch
+        sim.add_task((501,), 4, 1.0)
+        sim.remove_task((501,))        # and remove one
+        assert_same(sim)
