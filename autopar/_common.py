@@ -49,12 +49,22 @@ def load_problem(args) -> Problem:
     from autopar.planner.topology_io import resolve_topology
     from autopar.planner.zoo import load_model, parse_options
 
-    spec = load_model(args.model, **parse_options(args.model_opt))
+    spec = load_model_for_planning(args.model, **parse_options(args.model_opt))
     graph = import_spec(spec)
     topo = resolve_topology(args.topology)
     path = Path(args.profile_cache) if args.profile_cache else default_cache_path()
     cache = ProfileCache.load(path)
     return Problem(spec, graph, topo, CostModel(cache).bind(graph), path)
+
+
+def load_model_for_planning(name: str, **options):
+    """Build a model on the meta device: planning needs shapes, not weights, so a 134M-parameter
+    NMT costs nothing to build (the importer propagates shapes with fake tensors)."""
+    import torch
+
+    from autopar.planner.zoo import load_model
+    with torch.device("meta"):
+        return load_model(name, **options)
 
 
 def resolve_strategy(name_or_file: str, problem: Problem) -> Strategy:

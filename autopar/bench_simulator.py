@@ -1,10 +1,12 @@
 """`autopar bench simulator`: full against delta simulation (FlexFlow sec. 5.2–5.3, 8.3).
 
-For each (model, topology) the benchmark starts from data parallelism and makes a chain of
-random one-op changes — what an MCMC proposal does (sec. 6.2): a random op gets a random
-configuration (random degrees, random devices).  Every change is applied with delta simulation
-(`DeltaSession.change`: update the task graph for that op, re-time incrementally) and timed.  At
-evenly spaced points of the chain the same strategy is also simulated in full (build the whole task
+For each (model, topology) the benchmark starts from data parallelism and makes random one-op
+changes — what an MCMC proposal does (sec. 6.2): a random op gets a random configuration (random
+degrees, random devices) — and undoes each one afterwards, as MCMC does with a rejected proposal,
+so every change is measured against a realistic strategy rather than an ever more random one.
+Every change and every undo is applied with delta simulation (`DeltaSession.change`: update the
+task graph for that op, re-time incrementally) and timed.  At evenly spaced changes the changed
+strategy is also simulated in full (build the whole task
 graph and run Algorithm 1 — memory accounting, which both paths can skip, is not timed) and timed, and the two timelines are compared task by task; `agree` is true
 only if every compared timeline was identical.
 
@@ -29,7 +31,8 @@ from autopar.planner.presets import get_preset
 from autopar.planner.simulator import simulate
 from autopar.planner.strategy import data_parallel, random_config
 from autopar.planner.taskgraph import DeltaSession, TaskGraphBuilder, simulate_strategy
-from autopar.planner.zoo import get_model
+
+from ._common import load_model_for_planning
 
 ROWS = [("inception_v3", "p100-4x4"), ("nmt", "p100-4x4"), ("rnnlm", "p100-4x4"),
         ("inception_v3", "k80-16x4"), ("nmt", "k80-16x4"), ("rnnlm", "k80-16x4")]
@@ -42,11 +45,13 @@ def _log(progress: bool, msg: str) -> None:
 
 
 def bench_row(model: str, topology: str, moves: int, fulls: int, seed: int, progress: bool = False) -> dict[str, Any]:
-    graph = import_spec(get_model(model))
+    graph = import_spec(load_model_for_planning(model))
     topo = get_preset(topology)
     builder = TaskGraphBuilder(graph, topo, CostModel().bind(graph))
     rng = random.Random(seed)
-    session = DeltaSession(builder, data_parallel(graph, topo.num_devices))
+    base = data_parallel(graph, topo.num_devices)
+    session = DeltaSession(builder, base)
+    tasks = len(session.sim.graph)
     every = max(1, moves // max(1, fulls))
     delta_s: list[float] = []
     full_s: list[float] = []
@@ -54,6 +59,7 @@ def bench_row(model: str, topology: str, moves: int, fulls: int, seed: int, prog
     ops = list(graph.ops)
     for m in range(1, moves + 1):
         op = rng.choice(ops)
+        old = session.strategy[op.name]
         cfg = random_config(op, topo.num_devices, rng)
         t0 = time.perf_counter()
         session.change(op.name, cfg)
@@ -65,18 +71,23 @@ def bench_row(model: str, topology: str, moves: int, fulls: int, seed: int, prog
             agree = agree and session.timeline().same_as(tl) and tl.makespan == session.step_time
             _log(progress, f"  {model} on {topology}: move {m}/{moves}, full {full_s[-1] * 1e3:.0f} ms, "
                            f"delta {statistics.mean(delta_s) * 1e3:.1f} ms, agree={agree}")
+        # Undo the change, as MCMC does with a rejected proposal; the undo is a one-op change too.
+        t0 = time.perf_counter()
+        session.change(op.name, old)
+        delta_s.append(time.perf_counter() - t0)
+    final = simulate(builder.build(session.strategy))
+    agree = agree and session.timeline().same_as(final)
     full_ms = statistics.mean(full_s) * 1e3
     delta_ms = statistics.mean(delta_s) * 1e3
     return {
-        "model": model, "topology": topology, "devices": topo.num_devices, "tasks": len(session.sim.graph),
+        "model": model, "topology": topology, "devices": topo.num_devices, "tasks": tasks,
         "full_ms": round(full_ms, 3), "delta_ms": round(delta_ms, 3), "speedup": round(full_ms / delta_ms, 2),
-        "agree": agree, "moves": moves, "full_samples": len(full_s),
+        "agree": agree, "changes": len(delta_s), "full_samples": len(full_s),
     }
 
 
 def data_parallel_row(model: str, topology: str = "p100-4x4") -> dict[str, Any]:
-    spec = get_model(model)
-    graph = import_spec(spec)
+    graph = import_spec(load_model_for_planning(model))
     topo = get_preset(topology)
     builder = TaskGraphBuilder(graph, topo, CostModel().bind(graph))
     res, _, _ = simulate_strategy(builder, data_parallel(graph, topo.num_devices))

@@ -2,6 +2,7 @@
 
     autopar simulate --model nmt --topology p100-4x4            # compare the built-in strategies
     autopar simulate --model nmt --topology p100-4x4 --strategy plan.yaml --json
+    autopar train --model lenet --strategy plan.yaml --nproc 2 --steps 20
     autopar profile --model lenet --topology local:2            # measure op times into the cache
     autopar bench simulator --json                              # full vs delta simulation
     autopar models | autopar topologies                         # what can be named
@@ -40,6 +41,17 @@ def _build_parser() -> argparse.ArgumentParser:
     s.add_argument("--plot", metavar="FILE.png", help="draw the (first) strategy and its simulated timeline")
     s.set_defaults(func=_cmd_simulate)
 
+    tr = sub.add_parser("train", help="train a model with a strategy on local ranks (or under torchrun)",
+                        description="Train MODEL with STRATEGY: every rank executes the tasks the plan gives its "
+                                    "device (torch.distributed: gloo on CPU, NCCL on GPU). Starts --nproc local "
+                                    "ranks, or runs as one rank under torchrun (RANK, WORLD_SIZE, LOCAL_RANK, "
+                                    "MASTER_ADDR, MASTER_PORT). Prints per-step time and loss, and a summary "
+                                    "with the median measured step time beside the plan's predicted one.")
+    add_model_args(tr, topology=False)
+    from autopar.trainer import add_train_args
+    add_train_args(tr)
+    tr.set_defaults(func=_cmd_train)
+
     pr = sub.add_parser("profile", help="measure op times on this machine into the profile cache",
                         description="Run every distinct task of MODEL that a strategy on TOPOLOGY (a local:N "
                                     "topology) can produce on this machine's CPU (or GPU when present), with "
@@ -52,7 +64,9 @@ def _build_parser() -> argparse.ArgumentParser:
     pr.set_defaults(func=_cmd_profile)
 
     b = sub.add_parser("bench", help="the benchmarks the project is judged by",
-                       description="Benchmarks. `simulator`: full vs delta simulation on paper models.")
+                       description="Benchmarks. `simulator`: full vs delta simulation on paper models. "
+                                   "`runtime`: our runtime against DistributedDataParallel, and a searched plan "
+                                   "against data parallelism, measured on local ranks.")
     b.add_argument("which", choices=_bench_choices(), help="which benchmark")
     b.add_argument("--json", action="store_true", help="JSON on stdout")
     b.add_argument("--quick", action="store_true", help="smaller settings for a 2-core machine")
@@ -69,12 +83,24 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _bench_choices() -> list[str]:
-    return ["simulator"]
+    return ["simulator", "runtime"]
 
 
 def _cmd_simulate(args) -> int:
     from ._simulate import run_simulate
     return run_simulate(args)
+
+
+def _cmd_train(args) -> int:
+    from autopar.trainer import format_summary, train_main
+    from ._common import emit_json
+    summary = train_main(args)
+    if summary is not None:
+        if args.json:
+            emit_json(summary)
+        else:
+            print(format_summary(summary))
+    return 0
 
 
 def _cmd_profile(args) -> int:
@@ -87,6 +113,9 @@ def _cmd_bench(args) -> int:
     if args.which == "simulator":
         from .bench_simulator import print_table, run_simulator_bench
         doc = run_simulator_bench(quick=args.quick, seed=args.seed, progress=not args.json)
+    elif args.which == "runtime":
+        from autopar.trainer.bench import print_table, run_runtime_bench
+        doc = run_runtime_bench(quick=args.quick)
     else:  # argparse restricts the choices
         raise AssertionError(args.which)
     if args.json:

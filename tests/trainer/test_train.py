@@ -1,0 +1,63 @@
+"""`train_main`, what `autopar train` calls: N local ranks, per-step numbers, a JSON summary."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from autopar.planner.errors import PlanFileError
+from autopar.planner.fx_import import import_spec
+from autopar.planner.plan_file import save_plan
+from autopar.planner.presets import get_preset
+from autopar.planner.strategy import model_parallel
+from autopar.planner.zoo.registry import get_model
+from autopar.trainer.train import add_train_args, config_from, format_summary, train_main
+
+
+LENET = {"batch": 8, "image": 12}
+
+
+def _plan_file(tmp_path, topology: str):
+    graph = import_spec(get_model("lenet", **LENET))
+    path = tmp_path / "plan.yaml"
+    save_plan(model_parallel(graph, 2).renamed("mine"), path, graph, get_preset(topology), predicted_step_s=0.0123)
+    return path
+
+
+def test_training_a_plan_file_reports_losses_and_predicted_beside_measured_time(tmp_path):
+    summary = train_main(model="lenet", model_options=LENET, strategy=str(_plan_file(tmp_path, "local:2")),
+                         nproc=2, steps=3, optimizer="adam", lr=0.001, metrics_port=0,
+                         checkpoint_dir=str(tmp_path / "ck"), checkpoint_every=3, log=False)
+    json.dumps(summary)   # the CLI prints it as JSON
+    assert summary["nproc"] == 2 and summary["strategy"] == "mine" and summary["backend"] == "gloo"
+    assert len(summary["losses"]) == len(summary["step_seconds"]) == 3
+    assert summary["median_step_seconds"] > 0 and summary["samples_per_second"] > 0
+    assert summary["predicted_step_seconds"] == 0.0123 and "plan file" in summary["prediction"]
+    assert summary["checkpoints"] == [str(tmp_path / "ck" / "step-00000003.pt")]
+    assert summary["metrics_port"] > 0
+    assert summary["optimizer"]["name"] == "adam"
+    assert "median step" in format_summary(summary)
+
+
+def test_a_plan_file_for_another_topology_is_refused_before_training(tmp_path):
+    with pytest.raises(PlanFileError, match="topology fingerprint differs"):
+        train_main(model="lenet", model_options=LENET, strategy=str(_plan_file(tmp_path, "local:4")), nproc=2,
+                   steps=1, log=False)
+
+
+def test_the_cli_options_become_a_config():
+    p = argparse.ArgumentParser()
+    p.add_argument("--model")
+    p.add_argument("--model-opt", "-o", action="append", default=[])
+    p.add_argument("--json", action="store_true")
+    add_train_args(p)
+    args = p.parse_args(["--model", "rnnlm", "-o", "vocab=100", "--model-opt", "steps=3", "--strategy", "plan.yaml",
+                         "--nproc", "4", "--steps", "7", "--dtype", "float64", "--optimizer", "adam", "--lr", "0.5",
+                         "--checkpoint-dir", "ck", "--checkpoint-every", "2", "--resume", "--metrics-port", "9100"])
+    cfg = config_from(args)
+    assert cfg.model == "rnnlm" and cfg.model_options == {"vocab": 100, "steps": 3}
+    assert (cfg.strategy, cfg.nproc, cfg.steps, cfg.dtype) == ("plan.yaml", 4, 7, "float64")
+    assert (cfg.optimizer.name, cfg.optimizer.lr) == ("adam", 0.5)
+    assert (cfg.checkpoint_dir, cfg.checkpoint_every, cfg.resume, cfg.metrics_port) == ("ck", 2, True, 9100)

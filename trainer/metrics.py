@@ -1,0 +1,69 @@
+"""Training metrics: a Prometheus endpoint on rank 0 and the numbers of the JSON summary.
+
+`StepMetrics` exports, on its own registry (so several runs in one process never clash):
+
+- ``autopar_trainer_step_seconds`` — histogram of measured step times (forward, backward,
+  synchronization and optimizer step on rank 0);
+- ``autopar_trainer_steps_total`` — counter of finished steps;
+- ``autopar_trainer_loss`` and ``autopar_trainer_samples_per_second`` — gauges of the last step;
+- ``autopar_trainer_predicted_step_seconds`` — the plan's simulated step time, for comparison.
+
+``--metrics-port P`` serves them over HTTP (``prometheus_client.start_http_server``); port 0 picks
+a free port, which `port` reports.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+# Step times on this machine range from milliseconds (small models) to tens of seconds.
+_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class StepMetrics:
+    def __init__(self, model: str, strategy: str, predicted: float | None = None, port: int | None = None):
+        self.registry = CollectorRegistry()
+        labels = {"model": model, "strategy": strategy}
+        names = list(labels)
+        self.step_seconds = Histogram("autopar_trainer_step_seconds", "measured training step time",
+                                      names, registry=self.registry, buckets=_BUCKETS).labels(**labels)
+        self.steps = Counter("autopar_trainer_steps", "training steps finished", names,
+                             registry=self.registry).labels(**labels)
+        self.loss = Gauge("autopar_trainer_loss", "loss of the last step", names, registry=self.registry).labels(**labels)
+        self.throughput = Gauge("autopar_trainer_samples_per_second", "samples per second of the last step", names,
+                                registry=self.registry).labels(**labels)
+        predicted_g = Gauge("autopar_trainer_predicted_step_seconds", "the plan's simulated step time", names,
+                            registry=self.registry).labels(**labels)
+        if predicted is not None:
+            predicted_g.set(predicted)
+        self.port: int | None = None
+        self._server = None
+        if port is not None:
+            server, _thread = start_http_server(port, addr="127.0.0.1", registry=self.registry)
+            self._server = server
+            self.port = server.server_address[1]
+        self.times: list[float] = []
+        self.losses: list[float] = []
+
+    def record(self, seconds: float, loss: float, samples: int) -> None:
+        self.step_seconds.observe(seconds)
+        self.steps.inc()
+        self.loss.set(loss)
+        self.throughput.set(samples / seconds if seconds > 0 else 0.0)
+        self.times.append(seconds)
+        self.losses.append(loss)
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+
+def median_step(times: list[float]) -> float | None:
+    """Median step time, leaving out the first step (allocation and warm-up) when there are others."""
+    if not times:
+        return None
+    return statistics.median(times[1:] if len(times) > 1 else times)

@@ -1,0 +1,330 @@
+"""Per-rank execution of a SOAP strategy: forward in graph order, backward in reverse, then sync.
+
+FlexFlow's runtime (paper sec. 7) runs every op partitioned over its own devices and moves tensors
+between differently partitioned ops; this is the same on `torch.distributed`.  Each rank:
+
+1. **Forward**, op by op in graph order: receive the input pieces its tasks need
+   (`trainer.redistribute`, point to point, batched), assemble every local task's input boxes
+   (halos included), and run the op's task kernel (`planner.kernels.forward_task`, the code the
+   profiler measures) on them with its parameter shards.  Several tasks of one op on one rank run
+   one after another.  Batch norm with batch statistics reduces its partial statistics among the
+   ranks that share a channel slice before normalizing (`trainer.batchnorm`).
+2. **Backward**, op by op in reverse graph order: every task's inputs are fresh autograd leaves,
+   so `torch.autograd.backward` of the task's outputs with their accumulated gradients yields the
+   gradients of its input boxes and adds into its parameter shards' ``.grad``; the input
+   gradients go back along the reverse paths and add up at the producers.  Shared parameters
+   (unrolled steps) accumulate in the same shard before they are synchronized.  An edge that
+   stays on the rank one to one (a producer task whose whole output only one local consumer task
+   reads — most of a data-parallel model) is not cut: the chain keeps one autograd graph and one
+   backward call, which is all the per-op bookkeeping would have computed, minus its overhead.
+3. **Sync**: gradient buckets are all-reduced among the holders of each cell, issued as soon as
+   their parameters are final (`trainer.sync`).
+
+Every rank follows the same op order and the same static plan (`trainer.plan`), so all
+communication is issued in one global order; process groups are created up front.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+import torch
+import torch.distributed as dist
+
+from autopar.planner.graph import Op, OperatorGraph
+from autopar.planner.regions import translate
+from autopar.planner.strategy import Strategy
+
+from . import batchnorm
+from .comm import ProcessGroups, exchange_many, wait_all
+from .plan import ExecutionPlan, TaskInfo
+from .redistribute import (GradAccumulator, RouteView, backward_accumulate, backward_sends, forward_inputs,
+                           forward_sends, shape_of)
+from .shards import Shard, gather_full, make_shards
+from .sync import DEFAULT_BUCKET_BYTES, GradSync, plan_buckets
+
+
+@dataclass
+class _OpView:
+    """One rank's static share of an op: its tasks, parameter slices, input routes, fusion."""
+
+    op: Op
+    index: int
+    tasks: tuple[TaskInfo, ...]
+    param_slices: dict[int, list[tuple[str, tuple[slice, ...] | None]]]  # task -> (parameter, slice of its shard)
+    out_shapes: dict[int, list[tuple[int, ...]]]
+    routes: list[RouteView]
+    dtypes: list[torch.dtype]                                       # of each input
+    fused_in: list[bool]        # input j stays attached to its producer's autograd graph
+    fused_out: bool             # this op's backward runs inside its consumer's autograd call
+    grad: bool
+    batch_norm: bool
+    input_op: bool
+
+
+class _Accumulators(dict):
+    """(op, task) -> one `GradAccumulator` per output, created on first use."""
+
+    def __init__(self, views: dict[str, _OpView]):
+        super().__init__()
+        self.views = views
+
+    def __missing__(self, key):
+        v = self.views[key[0]]
+        accs = [GradAccumulator(shape, getattr(torch, out.dtype))
+                for shape, out in zip(v.out_shapes[key[1]], v.op.outputs)]
+        self[key] = accs
+        return accs
+
+
+class Runtime:
+    """One rank's share of a plan: its tasks, its parameter shards and its communication."""
+
+    def __init__(self, graph: OperatorGraph, strategy: Strategy, module: torch.nn.Module, *, rank: int,
+                 world_size: int, groups: ProcessGroups, device: torch.device | str = "cpu",
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, fuse: bool = True):
+        from autopar.planner import kernels  # the planner's task kernels (shared with the profiler)
+        self.kernels = kernels
+        self.graph = graph
+        self.strategy = strategy
+        self.module = module
+        self.rank = rank
+        self.world_size = world_size
+        self.device = torch.device(device)
+        self.plan = ExecutionPlan(graph, strategy, world_size)
+        self.shards: dict[str, Shard] = make_shards(self.plan, rank, dict(module.named_parameters()), self.device)
+        self.buckets = plan_buckets(self.plan, bucket_bytes)
+        self.bn = batchnorm.BatchNormPlan(self.plan, module)
+        self.loss_op = dict(graph.meta).get("loss")
+        self.groups = groups
+        world = tuple(range(world_size))
+        groups.create([("sync", b.devices) for b in self.buckets] + [("bn", d) for d in self.bn.device_sets()]
+                      + [("world", world)])
+        self.world_group = groups.get("world", world) if world_size > 1 else None
+        if world_size > 1:
+            # Every rank has created the same groups; NCCL also wants the world communicator set up
+            # by a collective before the first (partial) batch of point-to-point operations.
+            dist.barrier()
+        self.views = self._views(fuse)
+        self.sync = GradSync(rank, self.buckets, groups, self.shards, self._expected_calls())
+        for name, shard in self.shards.items():
+            if shard.tensor.requires_grad:
+                shard.tensor.register_post_accumulate_grad_hook(lambda _t, n=name: self.sync.accumulated(n))
+        self._pending: list = []
+
+    def _views(self, fuse: bool) -> dict[str, _OpView]:
+        plan, rank, g = self.plan, self.rank, self.graph
+        views: dict[str, _OpView] = {}
+        for i, op in enumerate(g.ops):
+            tasks = plan.local_tasks(op.name, rank)
+            # A task that reads its whole shard gets the shard itself: slicing it would make autograd
+            # scatter the gradient into a fresh full-size zero tensor on every use.
+            slices = {t.index: [(p.name, None if op.param_box(j, t.range_map) == self.shards[p.name].box
+                                 else translate(op.param_box(j, t.range_map), self.shards[p.name].box))
+                                for j, p in enumerate(op.params)] for t in tasks}
+            shapes = {t.index: [shape_of(op.output_box(k, t.range_map)) for k in range(len(op.outputs))] for t in tasks}
+            routes = [RouteView(plan, r, rank) for r in plan.routes[op.name]]
+            dtypes = [getattr(torch, g.input_spec(op, j).dtype) for j in range(len(op.inputs))]
+            views[op.name] = _OpView(op, i, tasks, slices, shapes, routes, dtypes, [False] * len(routes), False,
+                                     plan.requires_grad[op.name], self.bn.handles(op.name), op.kind == "input")
+        if fuse:
+            for v in views.values():
+                for j, rv in enumerate(v.routes):
+                    if self._fusable(rv, views):
+                        v.fused_in[j] = True
+                        views[rv.producer].fused_out = True
+        return views
+
+    def _expected_calls(self) -> dict[str, int]:
+        """parameter -> how many ``autograd.backward`` calls of a step add to its shard gradient here.
+
+        One call per unfused task (its chain of fused producers included), one per batch-norm op.
+        An overestimate would only delay the bucket to its planned position; it is exact by
+        construction: every task maps to the call that runs its backward.
+        """
+        g = self.graph
+        call: dict[tuple[str, int], tuple[str, int]] = {}
+        for v in reversed(list(self.views.values())):
+            for t in v.tasks:
+                if v.batch_norm:
+                    call[(v.op.name, t.index)] = (v.op.name, -1)
+                elif v.fused_out:
+                    consumer, j, _ = g.consumers[v.op.name][0]
+                    rv = self.views[consumer].routes[j]
+                    ct = next(p.readers[0][0] for p in rv.local if p.src_task == t.index)
+                    call[(v.op.name, t.index)] = call[(consumer, ct)]
+                else:
+                    call[(v.op.name, t.index)] = (v.op.name, t.index)
+        calls: dict[str, set] = {}
+        for v in self.views.values():
+            for p in v.op.params:
+                for t in v.tasks:
+                    calls.setdefault(p.name, set()).add(call[(v.op.name, t.index)])
+        return {p: len(c) for p, c in calls.items()}
+
+    def _fusable(self, rv: RouteView, views: dict[str, _OpView]) -> bool:
+        """Whether the edge can stay inside one autograd graph on this rank.
+
+        It can when it is purely local and one to one — every local consumer task reads exactly one
+        whole local producer task's output and nothing else reads it — and neither end reduces
+        statistics across ranks (batch norm's backward has a collective at its own position).
+        Such chains (most of a data-parallel model) then need one ``autograd.backward`` call
+        instead of one per op; the ops' order of communication is unchanged.
+        """
+        g = self.graph
+        route, prod, cons = rv.route, views[rv.producer], views[rv.consumer]
+        if not route.grads or route.sums or prod.batch_norm or cons.batch_norm or prod.input_op:
+            return False
+        if len(prod.op.outputs) != 1 or len(g.consumers[rv.producer]) != 1 or rv.sends or rv.recvs:
+            return False
+        if not prod.tasks or not all(rv.direct.values()):
+            return False
+        if any(p.src_where is not None or len(p.readers) != 1 for p in rv.local):
+            return False
+        return sorted(p.src_task for p in rv.local) == sorted(t.index for t in prod.tasks)
+
+    # -- parameters -----------------------------------------------------------------------------
+    def parameters(self) -> list[torch.Tensor]:
+        """This rank's shard tensors (leaves), in graph parameter order: what the optimizer steps."""
+        return [self.shards[p].tensor for p in self.graph.param_specs if p in self.shards]
+
+    def named_shards(self) -> dict[str, Shard]:
+        return self.shards
+
+    def zero_grad(self) -> None:
+        self.sync.zero_grad()
+
+    def gather(self, which: str = "param", dst: int = 0, names: list[str] | None = None) -> dict | None:
+        """Full tensors of the parameters (``which="param"``) or their gradients (``"grad"``) on `dst`."""
+        names = names or list(self.graph.param_specs)
+
+        def local(n: str):
+            s = self.shards.get(n)
+            if s is None:
+                return None
+            return s.tensor.detach() if which == "param" else s.tensor.grad
+        return gather_full(self.plan, self.rank, local, names, dst, self.device)
+
+    # -- one step ----------------------------------------------------------------------------------
+    def step(self, data: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """Forward, backward and gradient synchronization of one batch; returns this rank's part of
+        the loss (the partial sums of its loss tasks; summed over ranks it is the global mean).
+        The shards' gradients are this batch's (set, not accumulated across calls)."""
+        self.sync.zero_grad()
+        acts, leaves = self._forward(data)
+        loss = self._local_loss(acts)
+        self._backward(acts, leaves)
+        self.sync.finish()
+        wait_all(self._pending)
+        self.bn.finish_step()
+        return loss
+
+    def _local_loss(self, acts) -> torch.Tensor:
+        total = torch.zeros((), dtype=torch.float64, device=self.device)
+        if self.loss_op is None:
+            return total
+        for t in self.views[self.loss_op].tasks:
+            total += acts[(self.loss_op, t.index)][0].detach().to(torch.float64).sum()
+        return total
+
+    def _forward(self, data: Mapping[str, torch.Tensor]):
+        rank = self.rank
+        acts: dict[tuple[str, int], list[torch.Tensor]] = {}
+        leaves: dict[tuple[str, int], list[torch.Tensor]] = {}
+        for v in self.views.values():
+            op = v.op
+            inputs: dict[int, list] = {t.index: [None] * len(v.routes) for t in v.tasks}
+            with torch.no_grad():
+                sends, recvs = {}, {}
+                for rv, dtype in zip(v.routes, v.dtypes):
+                    if not rv.idle:
+                        sends.update({(d, rv.j): t for d, t in forward_sends(rv, acts).items()})
+                        recvs.update({(s, rv.j): (n, dtype) for s, n in rv.recv_sizes.items()})
+                got = exchange_many(sends, recvs, self.device, self._pending)
+                for rv, dtype in zip(v.routes, v.dtypes):
+                    if not rv.idle:
+                        mine = {s: got[(s, rv.j)] for s in rv.recv_sizes}
+                        for ct, x in forward_inputs(rv, acts, mine, dtype, self.device).items():
+                            inputs[ct][rv.j] = x
+            if not v.tasks:
+                continue
+            for t in v.tasks:
+                xs = inputs[t.index]
+                for j, rv in enumerate(v.routes):
+                    if not v.fused_in[j]:
+                        x = xs[j].detach()
+                        if rv.route.grads and x.dtype.is_floating_point:
+                            x.requires_grad_(True)
+                        xs[j] = x
+                leaves[(op.name, t.index)] = xs
+            with torch.set_grad_enabled(v.grad):
+                if v.input_op:
+                    full = data[op.name]
+                    for t in v.tasks:
+                        box = op.output_box(0, t.range_map)
+                        acts[(op.name, t.index)] = [full[tuple(slice(lo, hi) for lo, hi in box)].to(self.device)]
+                elif v.batch_norm:
+                    outs = self.bn.forward(op, v.tasks, inputs, self._task_params, rank, self.groups, self.kernels)
+                    for t in v.tasks:
+                        acts[(op.name, t.index)] = outs[t.index]
+                else:
+                    for t in v.tasks:
+                        outs = self.kernels.forward_task(op, t.range_map, inputs[t.index], self._task_params(op, t),
+                                                         module=self.module, device=self.device)
+                        acts[(op.name, t.index)] = list(outs)
+        return acts, leaves
+
+    def _task_params(self, op: Op, task: TaskInfo) -> list[torch.Tensor]:
+        return [self.shards[name].tensor if where is None else self.shards[name].tensor[where]
+                for name, where in self.views[op.name].param_slices[task.index]]
+
+    def _backward(self, acts, leaves) -> None:
+        rank = self.rank
+        accs = _Accumulators(self.views)
+        if self.loss_op is not None:
+            for t in self.views[self.loss_op].tasks:
+                out = acts[(self.loss_op, t.index)][0]
+                accs[(self.loss_op, t.index)][0].add(None, torch.ones_like(out))
+        input_grads: dict[tuple[str, int], list[torch.Tensor | None]] = {}
+        for v in reversed(list(self.views.values())):
+            # A rank with no task of the op may still hold producers that receive its gradients.
+            if v.grad and (v.tasks or any(not rv.idle for rv in v.routes)):
+                self._backward_op(v, acts, leaves, accs, input_grads)
+            self.sync.after_backward(v.index)
+
+    def _backward_op(self, v: _OpView, acts, leaves, accs, input_grads) -> None:
+        rank, op = self.rank, v.op
+        if v.batch_norm:
+            self.bn.backward(op, v.tasks, acts, accs, rank, self.groups)
+        elif not v.fused_out:
+            for t in v.tasks:
+                key = (op.name, t.index)
+                if key not in accs:
+                    continue
+                outs, grads = [], []
+                for o, acc in zip(acts[key], accs[key]):
+                    if o.requires_grad and acc.value is not None:
+                        outs.append(o)
+                        grads.append(acc.value)
+                if outs:
+                    torch.autograd.backward(outs, grads)
+        for t in v.tasks:
+            key = (op.name, t.index)
+            input_grads[key] = [x.grad if x.is_leaf and x.requires_grad else None for x in leaves.get(key, ())]
+        with torch.no_grad():
+            moving = [(rv, dtype) for rv, dtype, fused in zip(v.routes, v.dtypes, v.fused_in)
+                      if rv.route.grads and not fused and not rv.idle]
+            sends, recvs = {}, {}
+            for rv, dtype in moving:
+                sends.update({(d, rv.j): t for d, t in backward_sends(rv, input_grads, accs, dtype, self.device).items()})
+                recvs.update({(d, rv.j): (n, dtype) for d, n in rv.send_sizes.items()})
+            got = exchange_many(sends, recvs, self.device, self._pending)
+            for rv, _ in moving:
+                backward_accumulate(rv, {d: got[(d, rv.j)] for d in rv.send_sizes}, accs)
+        for t in v.tasks:
+            key = (op.name, t.index)
+            acts.pop(key, None)
+            leaves.pop(key, None)
+            accs.pop(key, None)
+            input_grads.pop(key, None)

@@ -1,0 +1,318 @@
+"""`autopar train`: train a model under a plan on N local ranks or under torchrun.
+
+    autopar train --model lenet --strategy data-parallel --nproc 2 --steps 10 --json
+    autopar train --model rnnlm -o vocab=8192 --strategy plan.yaml --nproc 2 --steps 50 \\
+        --checkpoint-dir ckpt --checkpoint-every 10 --metrics-port 9100
+    torchrun --nproc-per-node 2 -m autopar.cli train --model lenet --strategy data-parallel --steps 10
+
+The parent process prepares the job once — builds the model from its seed, imports its operator
+graph, resolves the plan and refuses it before any rank starts when it does not fit
+(`trainer.validate`), and simulates its step time — then starts the ranks (`trainer.launch`).
+Each rank runs a `Trainer`: the plan's share of the model (`trainer.runtime`), the optimizer on
+its shards (`trainer.optim`), the data of every step (`trainer.data`), checkpoints
+(`trainer.checkpoint`) and, on rank 0, the metrics (`trainer.metrics`) and the JSON summary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from autopar.planner.graph import OperatorGraph, TensorSpec
+from autopar.planner.strategy import Strategy
+
+from . import checkpoint as ckpt
+from .comm import ProcessGroups
+from .errors import TrainerConfigError
+from .launch import DEFAULT_TIMEOUT, init_from_env, pick_backend, rank_device, run_local, under_torchrun
+from .metrics import StepMetrics, median_step
+from .optim import STATE_KEYS, OptimizerConfig
+from .session import Trainer
+from .sync import DEFAULT_BUCKET_BYTES
+from .validate import check_plan
+
+#: ``rank:step`` — that rank exits abruptly at the start of that step (fault injection for tests
+#: and drills of the failure path; never set in normal runs).
+FAULT_ENV = "AUTOPAR_FAULT_INJECT"
+_FLOATS = ("float64", "float32", "float16", "bfloat16")
+
+
+@dataclass
+class TrainConfig:
+    model: str = "lenet"
+    model_options: dict[str, Any] = field(default_factory=dict)
+    strategy: Any = "data-parallel"      # a named strategy, a plan file path, or a Strategy
+    nproc: int = 1
+    steps: int = 10
+    dtype: str | None = None             # convert the model and float inputs (e.g. "float64")
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    seed: int = 0                        # data seed (the model's seed is a model option)
+    data: str | None = None
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 0
+    resume: bool = False
+    metrics_port: int | None = None
+    topology: str | None = None          # for plan files and the prediction; default local:<nproc>
+    timeout: float = DEFAULT_TIMEOUT
+    device: str = "cpu"
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    log: bool = True
+    profile_cache: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise TrainerConfigError(f"--steps must be at least 1, got {self.steps}")
+        if self.checkpoint_every < 0 or (self.checkpoint_every and not self.checkpoint_dir):
+            raise TrainerConfigError("--checkpoint-every needs --checkpoint-dir (and a positive step count)")
+        if self.resume and not self.checkpoint_dir:
+            raise TrainerConfigError("--resume needs --checkpoint-dir to find the checkpoint in")
+        if self.dtype is not None and self.dtype not in _FLOATS:
+            raise TrainerConfigError(f"--dtype {self.dtype!r}: choose one of {', '.join(_FLOATS)}")
+
+
+@dataclass
+class Job:
+    """Everything a rank needs, prepared once: the model from its seed, its graph and the plan."""
+
+    config: TrainConfig
+    spec: Any                    # planner.zoo.ModelSpec, already in the run's dtype
+    graph: OperatorGraph
+    strategy: Strategy
+    predicted: float | None = None
+    predicted_note: str = ""
+
+
+def with_dtype(spec, dtype: str | None):
+    """The model spec with its module and float inputs converted to `dtype` (None: unchanged)."""
+    if dtype is None:
+        return spec
+    spec.module.to(getattr(torch, dtype))
+
+    def conv(entry):
+        name, s = entry
+        return (name, TensorSpec(s.shape, s.dims, dtype) if s.dtype in _FLOATS else s)
+    return dataclasses.replace(spec, inputs=tuple(conv(e) for e in spec.inputs), target=conv(spec.target))
+
+
+def prepare(cfg: TrainConfig, world: int, check: bool = True) -> Job:
+    """Build the model, import its graph, resolve and check the plan, predict its step time."""
+    from autopar.planner.fx_import import import_spec
+    from autopar.planner.topology_io import resolve_topology
+    from autopar.planner.zoo import load_model
+
+    spec = with_dtype(load_model(cfg.model, **cfg.model_options), cfg.dtype)
+    graph = import_spec(spec)
+    topology = resolve_topology(cfg.topology or f"local:{world}")
+    strategy = resolve_strategy(cfg.strategy, graph, topology)
+    if check:
+        check_plan(graph, strategy, world, spec.module)
+    predicted, note = _plan_file_prediction(cfg.strategy)
+    if predicted is None:
+        predicted, note = predict(graph, topology, strategy, cfg)
+    return Job(cfg, spec, graph, strategy, predicted, note)
+
+
+def _plan_file_prediction(strategy: Any) -> tuple[float | None, str]:
+    """The step time a plan file records (what the search predicted when it wrote the plan)."""
+    from pathlib import Path
+    if isinstance(strategy, Strategy) or not Path(str(strategy)).is_file():
+        return None, ""
+    from autopar.planner.plan_file import read_plan
+    seconds = read_plan(strategy).predicted.get("stepSeconds")
+    return (float(seconds), f"recorded in plan file {strategy}") if seconds else (None, "")
+
+
+def resolve_strategy(strategy: Any, graph: OperatorGraph, topology) -> Strategy:
+    """A `Strategy`, a named strategy (planner.baselines) or a plan file (planner.plan_file)."""
+    from pathlib import Path
+
+    from autopar.planner.baselines import list_named, named_strategy
+    if isinstance(strategy, Strategy):
+        return strategy
+    if strategy in list_named():
+        return named_strategy(strategy, graph, topology)
+    if not Path(strategy).exists():
+        raise TrainerConfigError(f"--strategy {strategy!r} is neither a named strategy ({', '.join(list_named())}) "
+                                 "nor an existing plan file")
+    try:
+        from autopar.planner.plan_file import load_plan
+    except ImportError as e:
+        raise TrainerConfigError(f"plan file {strategy}: this installation cannot read plan files yet "
+                                 f"(planner.plan_file is missing); use a named strategy") from e
+    return load_plan(strategy, graph, topology)
+
+
+def predict(graph: OperatorGraph, topology, strategy: Strategy, cfg: TrainConfig) -> tuple[float | None, str]:
+    """The simulator's step time for the plan (profile cache where measured, roofline elsewhere)."""
+    try:
+        from pathlib import Path
+
+        from autopar.planner.cost import CostModel
+        from autopar.planner.profile_cache import ProfileCache, default_cache_path
+        from autopar.planner.taskgraph import TaskGraphBuilder, simulate_strategy
+        path = Path(cfg.profile_cache) if cfg.profile_cache else default_cache_path()
+        cost = CostModel(ProfileCache.load(path)).bind(graph)
+        builder = TaskGraphBuilder(graph, topology, cost, cfg.optimizer.name)
+        res, _, _ = simulate_strategy(builder, strategy)
+        return res.step_time, f"simulated on {topology.name}"
+    except Exception as e:  # noqa: BLE001 - a prediction is informative; training does not need it
+        return None, f"no prediction: {type(e).__name__}: {e}"
+
+
+def _model_dtype(graph: OperatorGraph) -> str:
+    specs = list(graph.param_specs.values())
+    return specs[0].dtype if specs else "float32"
+
+
+def _maybe_fault(rank: int, step: int) -> None:
+    spec = os.environ.get(FAULT_ENV)
+    if spec:
+        r, _, s = spec.partition(":")
+        if int(r) == rank and int(s) == step:
+            os._exit(17)
+
+
+def rank_main(rank: int, world: int, job: Job, device_kind: str = "cpu") -> dict | None:
+    """The training loop of one rank; rank 0 returns the run's summary."""
+    cfg = job.config
+    device = rank_device(device_kind, int(os.environ.get("LOCAL_RANK", rank)) if device_kind == "cuda" else rank)
+    groups = ProcessGroups()
+    resume_state = None
+    if cfg.resume:
+        resume_state = ckpt.load(cfg.checkpoint_dir)
+    trainer = Trainer(job, rank, world, groups, device, resume_state)
+    metrics = None
+    if rank == 0:
+        metrics = StepMetrics(job.graph.name, job.strategy.name, job.predicted, cfg.metrics_port)
+    start = trainer.step
+    saved = []
+    batch = job.graph.batch_size
+    try:
+        for step in range(start, cfg.steps):
+            _maybe_fault(rank, step)
+            t0 = time.perf_counter()
+            local = trainer.train_step(step)
+            seconds = time.perf_counter() - t0
+            loss = trainer.global_loss(local)
+            if metrics is not None:
+                metrics.record(seconds, loss, batch)
+                if cfg.log:
+                    print(f"step {step + 1}/{cfg.steps}  loss {loss:.6f}  {seconds * 1e3:.1f} ms  "
+                          f"{batch / seconds:.1f} samples/s", file=sys.stderr, flush=True)
+            if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0:
+                path = trainer.save(cfg.checkpoint_dir)
+                if path:
+                    saved.append(path)
+        if metrics is None:
+            return None
+        med = median_step(metrics.times)
+        return {
+            "model": job.graph.name, "strategy": job.strategy.name, "nproc": world, "backend": dist.get_backend(),
+            "steps": cfg.steps, "resumed_from_step": start if cfg.resume else None,
+            "global_batch": batch, "dtype": cfg.dtype or _model_dtype(job.graph),
+            "optimizer": cfg.optimizer.to_dict(),
+            "step_seconds": metrics.times, "losses": metrics.losses,
+            "median_step_seconds": med, "predicted_step_seconds": job.predicted, "prediction": job.predicted_note,
+            "predicted_over_measured": (job.predicted / med) if job.predicted and med else None,
+            "samples_per_second": batch / med if med else None,
+            "final_loss": metrics.losses[-1] if metrics.losses else None,
+            "checkpoints": saved, "metrics_port": metrics.port,
+        }
+    finally:
+        if metrics is not None:
+            metrics.close()
+
+
+# -- entry point ---------------------------------------------------------------------------------
+
+def config_from(args: Any = None, **overrides: Any) -> TrainConfig:
+    """A `TrainConfig` from an argparse namespace (the CLI's) and/or keyword overrides."""
+    raw: dict[str, Any] = {}
+    if args is not None:
+        raw.update({k: v for k, v in vars(args).items() if v is not None})
+    raw.update(overrides)
+    opts = raw.pop("model_options", None) or {}
+    if raw.get("model_opt"):
+        from autopar.planner.zoo import parse_options
+        opts = {**parse_options(raw.pop("model_opt")), **opts}
+    raw.pop("model_opt", None)
+    opt = raw.pop("optimizer", "sgd")
+    if not isinstance(opt, OptimizerConfig):
+        okw = {"name": opt}
+        for key in ("lr", "momentum", "eps", "weight_decay"):
+            if key in raw:
+                okw[key] = raw.pop(key)
+        if "betas" in raw:
+            okw["betas"] = tuple(raw.pop("betas"))
+        opt = OptimizerConfig(**okw)
+    if "bucket_mb" in raw:
+        raw["bucket_bytes"] = int(float(raw.pop("bucket_mb")) * (1 << 20))
+    known = {f.name for f in dataclasses.fields(TrainConfig)}
+    return TrainConfig(optimizer=opt, model_options=opts, **{k: v for k, v in raw.items() if k in known})
+
+
+def train_main(args: Any = None, **overrides: Any) -> dict | None:
+    """Run `autopar train`; returns the JSON summary (None on ranks other than 0 under torchrun)."""
+    cfg = config_from(args, **overrides)
+    backend, kind = pick_backend(cfg.device)
+    if under_torchrun():
+        rank, world, _ = init_from_env(backend, cfg.timeout)
+        try:
+            if args is not None and getattr(args, "nproc", None) not in (None, world):
+                raise TrainerConfigError(f"--nproc {args.nproc} but torchrun started {world} ranks; omit --nproc")
+            job = prepare(cfg, world)
+            return rank_main(rank, world, job, kind)
+        finally:
+            dist.destroy_process_group()
+    job = prepare(cfg, cfg.nproc)
+    if cfg.log:
+        predicted = f"predicted step {job.predicted * 1e3:.1f} ms" if job.predicted else job.predicted_note
+        print(f"training {job.graph.name} under {job.strategy.name!r} on {cfg.nproc} rank(s) ({backend}); {predicted}",
+              file=sys.stderr, flush=True)
+    return run_local(rank_main, cfg.nproc, (job, kind), backend=backend, timeout=cfg.timeout)[0]
+
+
+def format_summary(summary: dict) -> str:
+    """The human-readable end of `autopar train` (the JSON has the same numbers)."""
+    med, pred = summary["median_step_seconds"], summary["predicted_step_seconds"]
+    head = f"{summary['model']} under {summary['strategy']!r} on {summary['nproc']} rank(s): {summary['steps']} steps"
+    if med is None:
+        return head + f"; nothing to do (resumed at step {summary['resumed_from_step']})"
+    lines = [head + f", final loss {summary['final_loss']:.6f}",
+             f"median step {med * 1e3:.1f} ms ({summary['samples_per_second']:.1f} samples/s); "
+             + (f"predicted {pred * 1e3:.1f} ms ({summary['prediction']})" if pred else summary["prediction"])]
+    if summary["checkpoints"]:
+        lines.append(f"checkpoints: {', '.join(summary['checkpoints'])}")
+    return "\n".join(lines)
+
+
+def add_train_args(p) -> None:
+    """The options of ``autopar train`` (the CLI adds --model/--model-opt/--json with its shared helper)."""
+    p.add_argument("--strategy", "-s", default="data-parallel",
+                   help="named strategy (data-parallel, model-parallel, single-device, …) or a plan file")
+    p.add_argument("--nproc", type=int, default=None,
+                   help="local ranks to start (default 1; under torchrun the job's world size)")
+    p.add_argument("--steps", type=int, default=10, help="total training steps (a resumed run continues to it)")
+    p.add_argument("--dtype", choices=_FLOATS, default=None, help="train in this float dtype (default: the model's)")
+    p.add_argument("--optimizer", choices=tuple(STATE_KEYS), default="sgd")
+    p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--momentum", type=float, default=0.9, help="SGD momentum")
+    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic data")
+    p.add_argument("--data", metavar="PATH", help="torch.save'd dict of input and label tensors (default: synthetic)")
+    p.add_argument("--checkpoint-dir", metavar="DIR")
+    p.add_argument("--checkpoint-every", type=int, default=0, metavar="N", help="write a checkpoint every N steps")
+    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --checkpoint-dir")
+    p.add_argument("--metrics-port", type=int, metavar="P", help="serve Prometheus metrics on 127.0.0.1:P (rank 0)")
+    p.add_argument("--topology", "-t", help="topology the plan was made for (default: local:NPROC)")
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
+                   help="seconds a rank waits for a peer before giving up (process-group timeout)")
+    p.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu")
+    p.add_argument("--bucket-mb", type=float, default=DEFAULT_BUCKET_BYTES / (1 << 20),
+                   help="gradient all-reduce bucket size")
