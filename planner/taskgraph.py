@@ -113,6 +113,7 @@ class TaskGraphBuilder:
         self._overlap_cache: dict = {}
         self._ranges_cache: dict = {}
         self._resource_of_link = [self.num_devices + i for i in range(len(topology.links))]
+        self._route_cache: dict[tuple[int, int], tuple[float, tuple]] = {}
 
     # -- memoized, placement-free pieces -----------------------------------------------------
     def _task_ranges(self, op: Op, degrees: tuple[int, ...]) -> list[dict]:
@@ -223,15 +224,24 @@ class TaskGraphBuilder:
             keys += [fk, bk]
         return keys
 
+    def _hops(self, src: int, dst: int) -> tuple[float, tuple[tuple[int, float, str], ...]]:
+        """(route latency, ((link resource, bandwidth, label), ...)) of a device pair, memoized."""
+        hit = self._route_cache.get((src, dst))
+        if hit is None:
+            links = self.topology.links
+            hops = tuple((self._resource_of_link[li], links[li].bandwidth, links[li].label)
+                         for li in self.topology.route(src, dst))
+            hit = self._route_cache[(src, dst)] = (self.topology.route_latency(src, dst), hops)
+        return hit
+
     def _add_transfer(self, tg, base: tuple, tr: Transfer, latency_mult: int = 1) -> list:
-        route = self.topology.route(tr.src_dev, tr.dst_dev)
-        lat = self.topology.route_latency(tr.src_dev, tr.dst_dev) * latency_mult
+        latency, hops = self._hops(tr.src_dev, tr.dst_dev)
+        lat = latency * latency_mult
+        nbytes = tr.nbytes
         keys = []
-        links = self.topology.links
-        for h, li in enumerate(route):
+        for h, (res, bw, label) in enumerate(hops):
             k = base + (h,)
-            tg.add_task(k, self._resource_of_link[li], lat + tr.nbytes / links[li].bandwidth, "comm",
-                        tr.nbytes if h == 0 else 0.0, links[li].label)
+            tg.add_task(k, res, lat + nbytes / bw, "comm", nbytes if h == 0 else 0.0, label)
             keys.append(k)
         return keys
 
