@@ -126,18 +126,15 @@ def _cmd_bench(args) -> int:
 
 
 def _cmd_models(args) -> int:
-    from autopar.planner.zoo import get_model, list_models, model_options
+    from autopar.planner.zoo import list_models, model_options
     from ._common import emit_json
-    rows = []
-    for name in list_models():
-        rows.append({"name": name, "options": model_options(name)})
+    rows = [{"name": name, "options": model_options(name)} for name in list_models()]
     if args.json:
         emit_json({"models": rows})
         return 0
     for r in rows:
-        desc = get_model.__module__ and ""
         opts = " ".join(f"{k}={v}" for k, v in r["options"].items())
-        print(f"{r['name']:<14} {opts}{desc}")
+        print(f"{r['name']:<14} {opts}")
     return 0
 
 

@@ -1,0 +1,58 @@
+"""The `autopar` command: JSON output that other tools read, and one-line errors with status 2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from autopar.cli import main
+
+
+def _run(capsys, *argv):
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_simulate_json_compares_the_named_strategies(capsys):
+    rc, out, _ = _run(capsys, "simulate", "--model", "lenet", "-o", "batch=16", "--topology", "p100-1x4", "--json")
+    assert rc == 0
+    doc = json.loads(out)
+    rows = {r["strategy"]: r for r in doc["results"]}
+    assert set(rows) == {"data-parallel", "model-parallel", "single-device"}
+    assert doc["topology"]["devices"] == 4 and doc["graph"]["batch_size"] == 16
+    dp = rows["data-parallel"]
+    assert dp["step_seconds"] > 0 and dp["devices_used"] == 4
+    assert dp["speedup_vs_data_parallel"] == 1.0
+    assert rows["single-device"]["bytes_moved"] == 0
+    assert sum(doc["cost_sources"].values()) > 0
+
+
+def test_simulate_prints_a_table_without_json(capsys):
+    rc, out, _ = _run(capsys, "simulate", "--model", "lenet", "-o", "batch=16", "--topology", "local:2",
+                      "--strategy", "data-parallel")
+    assert rc == 0
+    assert "data-parallel" in out and "samples/s" in out
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["simulate", "--model", "nosuch", "--topology", "p100-4x4"], ["unknown model 'nosuch'", "lenet"]),
+    (["simulate", "--model", "lenet", "--topology", "nosuch"], ["unknown topology 'nosuch'", "p100-4x4"]),
+    (["simulate", "--model", "lenet", "-o", "batch=7x", "--topology", "local"], ["batch", "int"]),
+    (["simulate", "--model", "lenet", "--topology", "local", "--strategy", "nosuch"], ["nosuch", "data-parallel"]),
+    (["profile", "--model", "lenet", "--topology", "p100-4x4"], ["local"]),
+])
+def test_user_errors_are_one_line_with_status_2(capsys, argv, words):
+    rc, out, err = _run(capsys, *argv)
+    assert rc == 2
+    assert err.startswith("autopar: error:") and err.count("\n") == 1
+    for w in words:
+        assert w in err
+
+
+def test_models_and_topologies_list_what_can_be_named(capsys):
+    rc, out, _ = _run(capsys, "models", "--json")
+    assert rc == 0 and "nmt" in [m["name"] for m in json.loads(out)["models"]]
+    rc, out, _ = _run(capsys, "topologies", "--json")
+    assert rc == 0 and {"p100-4x4", "k80-16x4", "local"} <= {t["name"] for t in json.loads(out)["topologies"]}
