@@ -2,6 +2,7 @@
 
     autopar simulate --model nmt --topology p100-4x4            # compare the built-in strategies
     autopar simulate --model nmt --topology p100-4x4 --strategy plan.yaml --json
+    autopar plan --model nmt --topology p100-4x4 --budget 60 --out plan.yaml
     autopar train --model lenet --strategy plan.yaml --nproc 2 --steps 20
     autopar profile --model lenet --topology local:2            # measure op times into the cache
     autopar bench simulator --json                              # full vs delta simulation
@@ -40,6 +41,20 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="named strategy (data-parallel, model-parallel, single-device, …) or a plan file; repeatable")
     s.add_argument("--plot", metavar="FILE.png", help="draw the (first) strategy and its simulated timeline")
     s.set_defaults(func=_cmd_simulate)
+
+    pl = sub.add_parser("plan", help="search for the fastest strategy and write a plan file",
+                        description="Search the SOAP space of MODEL on TOPOLOGY (baselines, OptCNN's dynamic "
+                                    "programming, MCMC with delta simulation from several starts) and write the "
+                                    "best strategy found — never slower in simulation than any baseline tried — "
+                                    "to a plan file (YAML or JSON by extension).")
+    add_model_args(pl)
+    pl.add_argument("--budget", type=float, default=30.0, metavar="SECONDS", help="MCMC search time")
+    pl.add_argument("--out", default="plan.yaml", metavar="FILE", help="plan file to write (.yaml or .json)")
+    pl.add_argument("--seed", type=int, default=0)
+    pl.add_argument("--max-proposals", type=int, default=None,
+                    help="bound every MCMC chain by proposals instead of time (bit-reproducible)")
+    pl.add_argument("--plot", metavar="FILE.png", help="draw the plan and its simulated timeline")
+    pl.set_defaults(func=_cmd_plan)
 
     tr = sub.add_parser("train", help="train a model with a strategy on local ranks (or under torchrun)",
                         description="Train MODEL with STRATEGY: every rank executes the tasks the plan gives its "
@@ -83,12 +98,17 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _bench_choices() -> list[str]:
-    return ["simulator", "runtime"]
+    return ["simulator", "search", "runtime"]
 
 
 def _cmd_simulate(args) -> int:
     from ._simulate import run_simulate
     return run_simulate(args)
+
+
+def _cmd_plan(args) -> int:
+    from ._plan import run_plan
+    return run_plan(args)
 
 
 def _cmd_train(args) -> int:
@@ -113,6 +133,13 @@ def _cmd_bench(args) -> int:
     if args.which == "simulator":
         from .bench_simulator import print_table, run_simulator_bench
         doc = run_simulator_bench(quick=args.quick, seed=args.seed, progress=not args.json)
+    elif args.which == "search":
+        from autopar.planner.search.bench import bench_table, run_search_bench
+        doc = run_search_bench(quick=args.quick, seed=args.seed, progress=not args.json)
+        if not args.json:
+            from rich.console import Console
+            Console(width=None if sys.stdout.isatty() else 140).print(bench_table(doc))
+            return 0
     elif args.which == "runtime":
         from autopar.trainer.bench import print_table, run_runtime_bench
         doc = run_runtime_bench(quick=args.quick)

@@ -28,11 +28,19 @@ def register(name: str, builder: _Builder, description: str) -> None:
     _NAMED[name] = (builder, description)
 
 
+def _load_search() -> None:
+    # The search package registers the expert, placement and OptCNN strategies; imported here,
+    # lazily, because it imports this module.
+    from . import search  # noqa: F401
+
+
 def list_named() -> dict[str, str]:
+    _load_search()
     return {k: d for k, (_, d) in _NAMED.items()}
 
 
 def named_strategy(name: str, graph: OperatorGraph, topology: DeviceTopology) -> Strategy:
+    _load_search()
     try:
         builder, _ = _NAMED[name]
     except KeyError:

@@ -1,0 +1,30 @@
+"""Searching the SOAP space (FlexFlow sec. 6, OptCNN sec. 5).
+
+* `plan` — the planner: baselines, OptCNN, the placement-only search and MCMC from several
+  starts, with a result never slower than any baseline it evaluated (`planner.search.plan`);
+* `optcnn` — OptCNN's node/edge elimination dynamic programming (`planner.search.optcnn`);
+* `run_chain` — one Metropolis–Hastings chain with delta simulation (`planner.search.mcmc`);
+* `exhaustive_search` — depth-first search with lower-bound pruning (`planner.search.exhaustive`);
+* `expert`, `expert_cnn`, `expert_rnn`, `PlacementSpace` — expert strategies and REINFORCE's
+  placement-only space (`planner.search.experts`);
+* `run_search_bench` — `autopar bench search` (`planner.search.bench`).
+
+Importing this package registers the named strategies ``expert``, ``expert-cnn``,
+``expert-rnn``, ``layer-placement``, ``placement`` and ``optcnn`` in `planner.baselines`.
+"""
+
+from .exhaustive import ExhaustiveResult, exhaustive_search
+from .experts import PlacementSpace, expert, expert_cnn, expert_rnn, layer_placement
+from .mcmc import ChainResult, SoapSpace, accept, run_chain
+from .optcnn import OptCNNResult, optcnn, optcnn_cost
+from .plan import Candidate, PlanResult, plan
+
+__all__ = ["Candidate", "ChainResult", "ExhaustiveResult", "OptCNNResult", "PlacementSpace", "PlanResult",
+           "SoapSpace", "accept", "exhaustive_search", "expert", "expert_cnn", "expert_rnn", "layer_placement",
+           "optcnn", "optcnn_cost", "plan", "run_chain", "run_search_bench"]
+
+
+def run_search_bench(*args, **kwargs):
+    """`planner.search.bench.run_search_bench` (imported lazily: it pulls in the zoo and torch)."""
+    from .bench import run_search_bench as run
+    return run(*args, **kwargs)

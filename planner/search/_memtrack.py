@@ -1,0 +1,92 @@
+"""Peak memory per device, kept up to date under one-op changes (for MCMC's proposals).
+
+`planner.memory.peak_memory` sums three kinds of contributions: the parameter state each device
+holds (per parameter), the output shards of each op's tasks (per op) and the input pieces each
+op receives from other devices (per input edge).  A one-op change touches only its own outputs,
+its input and output edges and its parameters, so `MemoryTracker.change` recomputes exactly those
+and adjusts the totals; the result equals `peak_memory` of the new strategy (tested).
+"""
+
+from __future__ import annotations
+
+from ..graph import OperatorGraph
+from ..regions import volume
+from ..strategy import ParallelConfig, Strategy
+from ..taskgraph import OPTIMIZER_STATES, TaskGraphBuilder, _union_volume
+
+
+class MemoryTracker:
+    def __init__(self, builder: TaskGraphBuilder, strategy: Strategy):
+        self.builder = builder
+        self.graph: OperatorGraph = builder.graph
+        self.strategy = strategy
+        self.capacity = [d.memory for d in builder.topology.devices]
+        self.total = [0] * builder.num_devices
+        self._parts: dict[tuple, dict[int, int]] = {}
+        self._factor = 2 + OPTIMIZER_STATES[builder.optimizer]
+        for name in self.graph.param_specs:
+            self._set(("param", name), self._param(name))
+        for op in self.graph.ops:
+            self._set(("out", op.name), self._outputs(op.name))
+            for j in range(len(op.inputs)):
+                self._set(("edge", op.name, j), self._edge(op.name, j))
+
+    # -- queries -------------------------------------------------------------------------------
+    def peak(self) -> dict[int, int]:
+        return {d: int(m) for d, m in enumerate(self.total)}
+
+    def overflow(self) -> int:
+        """Bytes over capacity, summed over the devices that overflow (0 when the strategy fits)."""
+        return sum(max(0, m - c) for m, c in zip(self.total, self.capacity))
+
+    def fits(self) -> bool:
+        return all(m <= c for m, c in zip(self.total, self.capacity))
+
+    # -- updates -------------------------------------------------------------------------------
+    def change(self, op_name: str, cfg: ParallelConfig) -> None:
+        g = self.graph
+        op = g[op_name]
+        self.strategy = self.strategy.with_config(op_name, cfg)
+        self._set(("out", op_name), self._outputs(op_name))
+        for j in range(len(op.inputs)):
+            self._set(("edge", op_name, j), self._edge(op_name, j))
+        for c, j, _ in g.consumers[op_name]:
+            self._set(("edge", c, j), self._edge(c, j))
+        for p in dict.fromkeys(p.name for p in op.params):
+            self._set(("param", p), self._param(p))
+
+    def _set(self, key: tuple, part: dict[int, int]) -> None:
+        old = self._parts.get(key)
+        if old:
+            for d, v in old.items():
+                self.total[d] -= v
+        for d, v in part.items():
+            self.total[d] += v
+        self._parts[key] = part
+
+    # -- contributions (the same arithmetic as planner.memory.peak_memory) ---------------------
+    def _param(self, name: str) -> dict[int, int]:
+        spec = self.graph.param_specs[name]
+        itemsize = spec.nbytes // max(1, volume(tuple((0, s) for s in spec.shape)))
+        return {dev: self._factor * _union_volume(boxes) * itemsize
+                for dev, boxes in self.builder.holdings(self.strategy, name).items()}
+
+    def _outputs(self, op_name: str) -> dict[int, int]:
+        op = self.graph[op_name]
+        cfg = self.strategy[op_name]
+        ranges = self.builder._task_ranges(op, cfg.degrees)
+        out: dict[int, int] = {}
+        for t, dev in enumerate(cfg.devices):
+            for k, o in enumerate(op.outputs):
+                out[dev] = out.get(dev, 0) + volume(op.output_box(k, ranges[t])) * o.itemsize
+        return out
+
+    def _edge(self, op_name: str, j: int) -> dict[int, int]:
+        op = self.graph[op_name]
+        ref = op.inputs[j]
+        itemsize = self.graph[ref.op].outputs[ref.index].itemsize
+        transfers, _ = self.builder.transfers(op, j, self.strategy[op_name], self.strategy[ref.op], itemsize)
+        out: dict[int, int] = {}
+        for tr in transfers:
+            out[tr.dst_dev] = out.get(tr.dst_dev, 0) + int(tr.nbytes)
+        return out

@@ -1,0 +1,251 @@
+"""FlexFlow's execution optimizer: Markov chain Monte Carlo over the SOAP space (FlexFlow sec. 6).
+
+Cost.  The simulated step time of a strategy, from delta simulation: a `DeltaSession` holds the
+current strategy's task graph and timeline, and a proposal re-times only what one op's new
+configuration touches (sec. 5.3).  A strategy whose peak memory exceeds some device's capacity
+is infeasible: its cost is inflated by the overflow (``cost = time * (1 + OVERFLOW_WEIGHT *
+overflow / capacity)``) so a chain can walk out of an infeasible start, and it is never recorded
+as the best.  Peak memory is kept incrementally (`_memtrack`).
+
+Proposal (sec. 6.2).  Pick an op uniformly at random and replace its configuration by a random
+one from the space: `SoapSpace` (degrees uniform over the allowed vectors, distinct devices
+uniform — `strategy.random_config`) or `experts.PlacementSpace` (REINFORCE's placement-only
+space).  Each op's configurations are drawn with the same probability whatever the current one
+is, so the proposal is symmetric.
+
+Acceptance (sec. 6.1, eq. 2, Metropolis–Hastings with a symmetric proposal): accept with
+probability ``min(1, exp(beta * (cost_old - cost_new)))``.  ``beta`` is set per chain as
+``beta_rel / cost(start)``: with the default ``beta_rel = 100`` a proposal 1% slower than the
+start's step time is accepted with probability 1/e, 5% slower with 0.7%.
+
+Stopping (sec. 6.2): when the chain's time budget is spent, or when it has not improved its best
+strategy for half of the budget.  The best strategy seen is kept at every moment (anytime).
+
+Layer moves (an extension).  In an unrolled RNN the steps of a layer share parameters, and a
+change to one step alone rarely pays: the shared weights stay replicated as long as any step
+keeps its old configuration.  So, when the picked op shares parameters with others of the same
+shape, with probability `layer_move_prob` the random configuration is given to all of them at
+once (FlexFlow's Figure 14 shows exactly such per-layer choices).  Such a move is not reversible
+in one step when the steps had different configurations, so the chain no longer samples eq. 1
+exactly; as a search it only adds moves.  The edits of a layer move are re-simulated together
+(`change_many`), one delta simulation per proposal.
+
+Reproducibility: all randomness comes from the `random.Random` passed in, so the sequence of
+proposals and decisions is a function of the seed; a time budget only decides how far along it a
+chain gets.  ``max_proposals`` bounds a chain by count instead, which makes results identical run
+to run.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..errors import SimulationError
+from ..graph import Op, OperatorGraph
+from ..strategy import ParallelConfig, Strategy, check_config, random_config
+from ..taskgraph import DeltaSession, TaskGraphBuilder
+from ._memtrack import MemoryTracker
+
+DEFAULT_BETA_REL = 100.0
+OVERFLOW_WEIGHT = 10.0
+DEFAULT_LAYER_MOVE_PROB = 0.5
+
+
+def layers_of(graph: OperatorGraph) -> dict[str, tuple[str, ...]]:
+    """op -> the ops that share a parameter with it and have the same parallel dims (itself
+    included); only ops with such partners appear."""
+    parent = {op.name: op.name for op in graph.ops}
+
+    def find(x: str) -> str:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for users in graph.param_users.values():
+        for u in users[1:]:
+            if graph[u].pardims == graph[users[0]].pardims:
+                parent[find(u)] = find(users[0])
+    groups: dict[str, list[str]] = {}
+    for op in graph.ops:
+        groups.setdefault(find(op.name), []).append(op.name)
+    return {m: tuple(g) for g in groups.values() if len(g) > 1 for m in g}
+
+
+def change_many(session: DeltaSession, changes: dict[str, ParallelConfig]) -> float:
+    """`DeltaSession.change` for several ops at once: every affected task group is rebuilt, then
+    one delta simulation re-times the step (instead of one per op)."""
+    b = session.builder
+    g = b.graph
+    if len(changes) == 1:
+        (name, cfg), = changes.items()
+        return session.change(name, cfg)
+    owners: dict[tuple, None] = {}
+    edges: dict[tuple, None] = {}
+    params: dict[str, None] = {}
+    strategy = session.strategy
+    for name, cfg in changes.items():
+        op = g[name]
+        check_config(op, cfg, b.num_devices)
+        i = g.index[name]
+        owners[("op", i)] = None
+        for j in range(len(op.inputs)):
+            edges[("edge", i, j)] = None
+        for c, j, _ in g.consumers[name]:
+            edges[("edge", g.index[c], j)] = None
+        for p in op.params:
+            params[p.name] = None
+        strategy = strategy.with_config(name, cfg)
+    for owner in list(owners) + list(edges) + [("param", p) for p in params]:
+        for k in session._owned.pop(owner, ()):
+            session.sim.remove_task(k)
+    session.strategy = strategy
+    for name, cfg in changes.items():
+        i = g.index[name]
+        session._owned[("op", i)] = b._add_op(session.sim, i, g.ops[i], cfg)
+    for owner in edges:
+        ci, j = owner[1], owner[2]
+        session._owned[owner] = b._add_edge_group(session.sim, strategy, ci, g.ops[ci], j)
+    for p in params:
+        session._owned[("param", p)] = b._add_param_group(session.sim, strategy, p)
+    session.sim.resimulate()
+    return session.sim.makespan
+
+
+class SoapSpace:
+    """The whole SOAP space: any degrees, any distinct devices (FlexFlow sec. 4)."""
+
+    name = "soap"
+
+    def __init__(self, num_devices: int):
+        self.num_devices = num_devices
+
+    def random(self, op: Op, rng: random.Random) -> ParallelConfig:
+        return random_config(op, self.num_devices, rng)
+
+
+def accept(cost_old: float, cost_new: float, beta: float, rng: random.Random) -> bool:
+    """Metropolis–Hastings acceptance for a symmetric proposal (FlexFlow eq. 2).
+
+    Always draws one random number, so a chain's random stream does not depend on outcomes.
+    """
+    u = rng.random()
+    if cost_new <= cost_old:
+        return True
+    return u < math.exp(beta * (cost_old - cost_new))
+
+
+@dataclass
+class ChainResult:
+    """One chain's outcome.  `best` is None when the chain never saw a strategy that fits."""
+
+    start: str
+    space: str
+    start_time: float            # simulated step time of the start (s)
+    best: Strategy | None
+    best_time: float             # simulated step time of `best` (inf if none)
+    proposals: int = 0
+    accepted: int = 0
+    seconds: float = 0.0
+    stopped: str = ""
+    trace: list[tuple[float, float]] = field(default_factory=list)  # (wall seconds, best time) at each improvement
+    simulator_errors: list[str] = field(default_factory=list)  # delta simulations that failed and were redone
+
+
+def run_chain(builder: TaskGraphBuilder, start: Strategy, *, budget_s: float, rng: random.Random,
+              space=None, beta_rel: float = DEFAULT_BETA_REL, max_proposals: int | None = None,
+              layer_move_prob: float = DEFAULT_LAYER_MOVE_PROB,
+              session: DeltaSession | None = None, memory: MemoryTracker | None = None,
+              on_progress: Callable[[float, float], None] | None = None,
+              clock: Callable[[], float] = time.perf_counter) -> ChainResult:
+    """Run one Metropolis–Hastings chain from `start` (see the module docstring).
+
+    A `session` and `memory` tracker already holding `start` (the planner's evaluation of it)
+    are used as they are, saving a task-graph build."""
+    t0 = clock()
+    space = space if space is not None else SoapSpace(builder.num_devices)
+    if session is None or session.strategy.configs != start.configs:
+        session = DeltaSession(builder, start)
+    if memory is None or memory.strategy.configs != start.configs:
+        memory = MemoryTracker(builder, start)
+    cap = min(memory.capacity)
+    ops = builder.graph.ops
+    layers = layers_of(builder.graph) if layer_move_prob > 0 else {}
+
+    def cost_of(step: float) -> float:
+        over = memory.overflow()
+        return step if over == 0 else step * (1.0 + OVERFLOW_WEIGHT * over / cap)
+
+    current = cost_of(session.step_time)
+    fits = memory.fits()
+    res = ChainResult(start.name, space.name, session.step_time,
+                      start if fits else None, session.step_time if fits else math.inf)
+    beta = beta_rel / max(current, 1e-12)
+    last_improvement = 0.0
+    last_report = -1.0
+    if fits:
+        res.trace.append((0.0, res.best_time))
+    pending: dict[str, ParallelConfig] = {}  # a rejected proposal not yet undone in the session
+    while True:
+        elapsed = clock() - t0
+        if max_proposals is not None:
+            if res.proposals >= max_proposals:
+                res.stopped = f"{max_proposals} proposals"
+                break
+        elif elapsed >= budget_s:
+            res.stopped = "time budget spent"
+            break
+        elif elapsed - last_improvement >= budget_s / 2:
+            res.stopped = "no improvement for half the budget"
+            break
+        if on_progress is not None and elapsed - last_report >= 0.2:
+            on_progress(elapsed, res.best_time)
+            last_report = elapsed
+        op = ops[rng.randrange(len(ops))]
+        new_cfg = space.random(op, rng)
+        members = layers.get(op.name)
+        if members is not None and rng.random() < layer_move_prob:
+            changes = {m: new_cfg for m in members}
+        else:
+            changes = {op.name: new_cfg}
+        # The accepted configuration of each op: the session may still hold a rejected proposal,
+        # which is undone together with this one's edits (one simulation per proposal).
+        old = {m: pending.get(m, session.strategy[m]) for m in changes}
+        res.proposals += 1
+        if all(old[m] == c for m, c in changes.items()):
+            rng.random()  # keep the random stream aligned with accept()
+            continue
+        edits = {**pending, **changes}
+        try:
+            step = change_many(session, edits)
+        except (SimulationError, StopIteration) as e:
+            # Delta simulation failed on this edit: rebuild the timeline from scratch (counted,
+            # and reported by the planner, so the failure is not hidden).
+            res.simulator_errors.append(f"{type(e).__name__}: {e}"[:200])
+            target = session.strategy
+            for m, c in edits.items():
+                target = target.with_config(m, c)
+            session = DeltaSession(builder, target)
+            step = session.step_time
+        for m, c in edits.items():
+            memory.change(m, c)
+        pending = {}
+        new = cost_of(step)
+        if accept(current, new, beta, rng):
+            res.accepted += 1
+            current = new
+            if memory.fits() and step < res.best_time:
+                res.best_time = step
+                res.best = session.strategy
+                last_improvement = clock() - t0
+                res.trace.append((last_improvement, step))
+        else:
+            pending = old
+    res.seconds = clock() - t0
+    if on_progress is not None:
+        on_progress(res.seconds, res.best_time)
+    return res

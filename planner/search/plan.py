@@ -1,0 +1,302 @@
+"""`plan`: find the fastest strategy the simulator can show, and never return a worse one than
+a baseline it evaluated.
+
+    result = plan(graph, topology, CostModel(), budget_s=30, seed=0)
+    result.strategy, result.step_time, result.candidates["data-parallel"].step_time
+
+Steps (FlexFlow sec. 6 and 8):
+
+1. Simulate the baselines — data parallelism, model parallelism, the expert strategy where one
+   applies — with full simulation, and their peak memory per device.
+2. OptCNN's dynamic programming (`optcnn`), then simulate its strategy.
+3. The placement-only search: MCMC restricted to the operation dimension (REINFORCE's space)
+   from a single device and from the layer-per-GPU placement.
+4. MCMC over the SOAP space from several starts (default: data parallelism, the expert strategy,
+   OptCNN's result and a random strategy), each with an equal share of what is left of
+   `budget_s`, slowest start first (time a chain does not use passes to the ones after it).
+5. The answer is the fastest candidate that fits in memory, re-simulated from scratch (full
+   simulation) so the reported time is never a delta artefact.  When nothing beats data
+   parallelism, the result is data parallelism and `note` says so.  When nothing fits, an
+   `OutOfMemoryError` says by how much.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import sys
+import time
+
+from ..baselines import named_strategy, register
+from ..cost import CostModel
+from ..errors import OutOfMemoryError, StrategyError
+from ..graph import OperatorGraph
+from ..memory import check_fits
+from ..strategy import Strategy, random_config, single_device
+from ..taskgraph import OPTIMIZER_STATES, DeltaSession, TaskGraphBuilder, simulate_strategy
+from ..topology import DeviceTopology
+from . import experts
+from ._memtrack import MemoryTracker
+from ._result import Candidate, PlanResult, _bytes
+from .mcmc import DEFAULT_BETA_REL, ChainResult, SoapSpace, run_chain
+from .optcnn import OptCNNResult, optcnn
+
+DEFAULT_STARTS = ("data-parallel", "expert", "optcnn", "random")
+BASELINES = ("data-parallel", "model-parallel", "expert")
+CANDIDATES = ("data-parallel", "model-parallel", "expert", "placement", "optcnn", "mcmc")
+
+
+def plan(graph: OperatorGraph, topology: DeviceTopology, cost: CostModel | None = None, *,
+         budget_s: float = 30.0, seed: int = 0, starts: tuple[str, ...] = DEFAULT_STARTS,
+         placement_budget_s: float | None = None, use_optcnn: bool = True, max_proposals: int | None = None,
+         beta_rel: float = DEFAULT_BETA_REL, max_tasks: int | None = None, progress: bool = False) -> PlanResult:
+    """Search for the fastest strategy of `graph` on `topology` (see the module docstring).
+
+    `budget_s` is MCMC's time, shared by `starts`; the placement-only search gets
+    `placement_budget_s` (default a quarter of `budget_s`).  `max_proposals` bounds every chain
+    by count instead of time, for bit-reproducible results.  `max_tasks` skips simulating a
+    baseline whose task graph would have more tasks (it is reported as not simulated).
+    `progress` draws a rich progress bar on stderr when it is a terminal.
+    """
+    t_all = time.perf_counter()
+    cost = cost if cost is not None else CostModel()
+    builder = TaskGraphBuilder(graph, topology, cost)
+    n = topology.num_devices
+    placement_budget_s = budget_s / 4 if placement_budget_s is None else placement_budget_s
+    cands: dict[str, Candidate] = {}
+    sessions: dict[str, tuple] = {}  # delta sessions of evaluated starts, reused by their chains
+    ui = _Progress(progress)
+    with ui:
+        for name in BASELINES:
+            ui.phase(f"simulating {name}")
+            cands[name] = _evaluate(builder, name, lambda nm=name: named_strategy(nm, graph, topology),
+                                    keep=sessions if name in starts else None, max_tasks=max_tasks)
+
+        oc: OptCNNResult | None = None
+        if use_optcnn:
+            ui.phase("OptCNN dynamic programming")
+            t0 = time.perf_counter()
+            try:
+                oc = optcnn(graph, topology, cost)
+            except StrategyError as e:
+                cands["optcnn"] = Candidate("optcnn", None, None, None, False, time.perf_counter() - t0, str(e))
+            else:
+                cands["optcnn"] = _evaluate(builder, "optcnn", lambda: oc.strategy, seconds=oc.seconds,
+                                            keep=sessions if "optcnn" in starts else None)
+
+        chains: list[ChainResult] = []
+        t0 = time.perf_counter()
+        p_chains = placement_chains(builder, budget_s=placement_budget_s, seed=seed, beta_rel=beta_rel,
+                                    max_proposals=max_proposals, ui=ui)
+        chains += p_chains
+        cands["placement"] = _best_of_chains(builder, "placement", p_chains, time.perf_counter() - t0)
+
+        t0 = time.perf_counter()
+        s_chains = []
+        # Worst start first, best last; a chain that stops early (no improvement for half its
+        # budget) leaves its time to the chains after it, so the most promising start gets most.
+        ordered = []
+        for k, name in enumerate(starts):
+            start = _start(name, graph, n, cands, seed, k)
+            if start is not None:
+                known = cands.get(name)
+                ordered.append((known.step_time if known is not None and known.step_time else math.inf, k, name, start))
+        ordered.sort(key=lambda x: (-x[0], x[1]))
+        for idx, (_, k, name, start) in enumerate(ordered):
+            left = budget_s - (time.perf_counter() - t0)
+            share = max(left, 0.0) / (len(ordered) - idx)
+            session, memory = sessions.pop(name, (None, None))
+            s_chains.append(run_chain(builder, start.renamed(name), budget_s=share,
+                                      rng=random.Random(f"{seed}:soap:{k}:{name}"), space=SoapSpace(n),
+                                      beta_rel=beta_rel, max_proposals=max_proposals, session=session,
+                                      memory=memory, on_progress=ui.chain(f"MCMC from {name}")))
+        sessions.clear()
+        chains += s_chains
+        ui.phase("verifying the best strategy with full simulation")
+        best_chain = _best_of_chains(builder, "mcmc", s_chains, time.perf_counter() - t0)
+
+    # Never worse than anything evaluated: the MCMC answer is the best of every candidate.
+    pool = [c for c in cands.values() if c.step_time is not None and c.fits]
+    if best_chain.step_time is not None and best_chain.fits:
+        pool.append(best_chain)
+    if not pool:
+        raise OutOfMemoryError(_oom_message(builder, cands, best_chain))
+    winner = min(pool, key=lambda c: (c.step_time, c.name != "data-parallel"))
+    note = ""
+    dp = cands["data-parallel"]
+    if dp.step_time is not None and dp.fits and winner.step_time >= dp.step_time:
+        winner = dp
+        note = "no strategy found beats data parallelism; the plan is data parallelism"
+    elif dp.step_time is not None and not dp.fits:
+        note = "data parallelism does not fit in memory; " + "; ".join(check_fits(builder, dp.strategy, dp.peak_memory))
+    source = winner.name if winner is not best_chain else f"mcmc ({best_chain.note})"
+    cands["mcmc"] = Candidate("mcmc", winner.strategy, winner.step_time, winner.peak_memory, True,
+                              best_chain.seconds, source)
+    settings = {"budget_s": budget_s, "placement_budget_s": placement_budget_s, "seed": seed,
+                "starts": list(starts), "beta_rel": beta_rel, "max_proposals": max_proposals,
+                "optimizer": builder.optimizer, "cost_model": cost.stats()}
+    return PlanResult(graph.name, topology.name, graph.fingerprint, topology.fingerprint, n,
+                      winner.strategy.renamed("plan"), winner.step_time, source, winner.peak_memory, cands,
+                      tuple(chains), oc, time.perf_counter() - t_all, settings, note,
+                      {d.id: d.memory for d in topology.devices})
+
+
+def placement_chains(builder: TaskGraphBuilder, *, budget_s: float, seed: int = 0,
+                     beta_rel: float = DEFAULT_BETA_REL, max_proposals: int | None = None, ui=None) -> list[ChainResult]:
+    """REINFORCE's space searched by MCMC: every op whole on one device, starting from a single
+    device and from the layer-per-GPU placement, `budget_s` split between the two."""
+    graph, topology = builder.graph, builder.topology
+    starts = [("single-device", single_device(graph, 0)),
+              ("layer-placement", experts.layer_placement(graph, topology))]
+    out = []
+    for name, start in starts:
+        out.append(run_chain(builder, start.renamed(name), budget_s=budget_s / len(starts),
+                             rng=random.Random(f"{seed}:placement:{name}"),
+                             space=experts.PlacementSpace(topology.num_devices), beta_rel=beta_rel,
+                             max_proposals=max_proposals,
+                             on_progress=ui.chain(f"placement from {name}") if ui is not None else None))
+    return out
+
+
+def placement_strategy(graph: OperatorGraph, topology: DeviceTopology, proposals: int = 400) -> Strategy:
+    """The placement-only baseline as a named strategy: a fixed number of proposals per chain
+    (so the same graph and topology always give the same strategy)."""
+    builder = TaskGraphBuilder(graph, topology, CostModel())
+    chains = [c for c in placement_chains(builder, budget_s=math.inf, max_proposals=proposals) if c.best is not None]
+    if not chains:
+        raise StrategyError(f"placement: no placement of {graph.name} on {topology.name} fits in memory")
+    return min(chains, key=lambda c: c.best_time).best.renamed("placement")
+
+
+# -- pieces ------------------------------------------------------------------------------------
+
+def _evaluate(builder: TaskGraphBuilder, name: str, build, seconds: float | None = None,
+              keep: dict | None = None, max_tasks: int | None = None) -> Candidate:
+    """Simulate a strategy from scratch.  With `keep`, the delta session and memory tracker that
+    did it are stored there for the chain that starts from it."""
+    t0 = time.perf_counter()
+    try:
+        strategy = build()
+    except StrategyError as e:
+        return Candidate(name, None, None, None, False, time.perf_counter() - t0, str(e))
+    if max_tasks is not None:
+        estimate = estimate_tasks(builder, strategy)
+        if estimate > max_tasks:
+            return Candidate(name, strategy, None, None, False, time.perf_counter() - t0,
+                             f"not simulated: its task graph would have ~{estimate:,} tasks, above the limit "
+                             f"of {max_tasks:,} of this run")
+    if keep is None:
+        res, _, _ = simulate_strategy(builder, strategy)
+        step, peak = res.step_time, res.peak_memory
+        fits = not check_fits(builder, strategy, peak)
+    else:
+        session, memory = DeltaSession(builder, strategy), MemoryTracker(builder, strategy)
+        step, peak, fits = session.step_time, memory.peak(), memory.fits()
+        keep[name] = (session, memory)
+    return Candidate(name, strategy, step, peak, fits, seconds if seconds is not None else time.perf_counter() - t0)
+
+
+def estimate_tasks(builder: TaskGraphBuilder, strategy: Strategy) -> int:
+    """About how many tasks the task graph of `strategy` has: two per op task, two per
+    cross-device piece and route hop (forward and backward), without building anything."""
+    g, topo = builder.graph, builder.topology
+    total = 0
+    for op in g.ops:
+        cfg = strategy[op.name]
+        total += 2 * len(cfg.devices)
+        for j, ref in enumerate(op.inputs):
+            pcfg = strategy[ref.op]
+            pieces = {(pt, cfg.devices[ct]) for pt, ct, _ in builder.overlaps(op, j, cfg.degrees, pcfg.degrees)
+                      if pcfg.devices[pt] != cfg.devices[ct]}
+            total += sum(2 * len(topo.route(pcfg.devices[pt], d)) for pt, d in pieces)
+    return total
+
+
+def _best_of_chains(builder: TaskGraphBuilder, name: str, chains: list[ChainResult], seconds: float) -> Candidate:
+    found = [c for c in chains if c.best is not None]
+    if not found:
+        return Candidate(name, None, None, None, False, seconds, "no chain found a strategy that fits")
+    best = min(found, key=lambda c: c.best_time)
+    cand = _evaluate(builder, name, lambda: best.best, seconds=seconds)
+    return Candidate(cand.name, cand.strategy, cand.step_time, cand.peak_memory, cand.fits, seconds,
+                     f"from {best.start}")
+
+
+def _start(name: str, graph: OperatorGraph, n: int, cands: dict[str, Candidate], seed: int, k: int) -> Strategy | None:
+    if name == "random":
+        rng = random.Random(f"{seed}:random-start:{k}")
+        return Strategy.from_mapping(graph, {op.name: random_config(op, n, rng) for op in graph.ops}, "random")
+    c = cands.get(name)
+    if c is not None:
+        return c.strategy
+    raise StrategyError(f"unknown MCMC start {name!r}; starts are named candidates "
+                        f"({', '.join(k for k in cands)}) or 'random'")
+
+
+def _oom_message(builder: TaskGraphBuilder, cands: dict[str, Candidate], best_chain: Candidate) -> str:
+    g, topo = builder.graph, builder.topology
+    factor = 2 + OPTIMIZER_STATES[builder.optimizer]
+    need = factor * g.param_bytes + sum(o.nbytes for op in g.ops for o in op.outputs)
+    have = sum(d.memory for d in topo.devices)
+    if need > have:
+        return (f"{g.name} fits on {topo.name} under no strategy: parameters, gradients and optimizer state "
+                f"({factor} x {_bytes(g.param_bytes)}) plus one copy of every activation need "
+                f"{_bytes(need)}, but the {topo.num_devices} devices hold {_bytes(have)} together "
+                f"({_bytes(need - have)} short); use more devices or a smaller batch")
+    tried = [c for c in list(cands.values()) + [best_chain] if c.peak_memory]
+    if not tried:
+        return (f"no strategy for {g.name} on {topo.name} could be evaluated: "
+                + "; ".join(f"{c.name}: {c.note}" for c in cands.values() if c.note)[:600])
+    closest = min(tried, key=lambda c: sum(max(0, m - topo.devices[d].memory) for d, m in c.peak_memory.items()))
+    msgs = check_fits(builder, closest.strategy, closest.peak_memory)
+    return (f"no strategy found for {g.name} on {topo.name} fits in memory; the closest, {closest.name}: "
+            + "; ".join(msgs[:4]) + ("; ..." if len(msgs) > 4 else "")
+            + ". Use more devices, devices with more memory or a smaller batch")
+
+
+class _Progress:
+    """A rich progress bar on a terminal (stderr); nothing otherwise."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled and sys.stderr.isatty()
+        self._progress = None
+        self._task = None
+
+    def __enter__(self):
+        if self.enabled:
+            from rich.console import Console
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+            self._progress = Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+                                      console=Console(stderr=True), transient=True)
+            self._progress.__enter__()
+            self._task = self._progress.add_task("planning", total=None)
+        return self
+
+    def __exit__(self, *exc):
+        if self._progress is not None:
+            self._progress.__exit__(*exc)
+        return False
+
+    def phase(self, text: str) -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, description=text, total=None)
+
+    def chain(self, label: str):
+        if self._progress is None:
+            return None
+        progress, task = self._progress, self._task
+
+        def report(elapsed: float, best: float) -> None:
+            shown = f"{best * 1e3:.3f} ms" if math.isfinite(best) else "none fits yet"
+            progress.update(task, description=f"{label}: best {shown}", completed=elapsed, total=None)
+        return report
+
+
+def _optcnn_strategy(graph: OperatorGraph, topology: DeviceTopology) -> Strategy:
+    return optcnn(graph, topology, CostModel()).strategy
+
+
+register("placement", placement_strategy, "device placement only (REINFORCE's space), searched by MCMC from a single "
+         "device and from one layer depth per device")
+register("optcnn", _optcnn_strategy, "OptCNN's layer-wise dynamic programming, optimal under its cost model (sum of "
+         "compute, transfer and synchronization, no overlap)")

@@ -1,0 +1,121 @@
+"""MCMC (FlexFlow sec. 6): Metropolis–Hastings acceptance, seeded chains, delta simulation."""
+
+import math
+import random
+
+import pytest
+
+from autopar.planner.cost import CostModel
+from autopar.planner.memory import peak_memory
+from autopar.planner.presets import get_preset
+from autopar.planner.search._memtrack import MemoryTracker
+from autopar.planner.search.experts import PlacementSpace
+from autopar.planner.search.mcmc import accept, run_chain
+from autopar.planner.strategy import data_parallel, random_config, single_device
+from autopar.planner.taskgraph import TaskGraphBuilder, simulate_strategy
+
+from ._graphs import diamond, mlp, rnn
+
+
+class _Fixed(random.Random):
+    """A random source that always draws `u`."""
+
+    def __init__(self, u: float):
+        super().__init__(0)
+        self.u = u
+
+    def random(self) -> float:
+        return self.u
+
+
+@pytest.mark.parametrize("old,new,beta,u,expected", [
+    (2.0, 1.0, 1.0, 0.999, True),                        # better: always accepted
+    (1.0, 1.0, 1.0, 0.999, True),                        # equal: always accepted
+    (1.0, 2.0, 1.0, math.exp(-1.0) - 1e-9, True),        # worse by 1 at beta 1: probability e^-1
+    (1.0, 2.0, 1.0, math.exp(-1.0) + 1e-9, False),
+    (1.0, 1.5, 4.0, math.exp(-2.0) - 1e-9, True),        # exp(beta * (old - new)) = e^-2
+    (1.0, 1.5, 4.0, math.exp(-2.0) + 1e-9, False),
+])
+def test_acceptance_is_min_one_exp_beta_times_cost_drop(old, new, beta, u, expected):
+    assert accept(old, new, beta, _Fixed(u)) is expected
+
+
+def test_acceptance_frequency_matches_the_metropolis_probability():
+    rng = random.Random(3)
+    n = 20000
+    hits = sum(accept(1.0, 1.25, 4.0, rng) for _ in range(n))
+    assert hits / n == pytest.approx(math.exp(-1.0), abs=0.015)
+
+
+@pytest.fixture(scope="module")
+def builder():
+    graph = diamond()
+    return TaskGraphBuilder(graph, get_preset("p100-1x4"), CostModel())
+
+
+def test_a_seeded_chain_is_reproducible(builder):
+    start = data_parallel(builder.graph, 4)
+    runs = [run_chain(builder, start, budget_s=math.inf, rng=random.Random(7), max_proposals=150) for _ in range(2)]
+    assert runs[0].best.configs == runs[1].best.configs
+    assert runs[0].best_time == runs[1].best_time and runs[0].accepted == runs[1].accepted
+
+
+def test_the_chain_best_is_what_full_simulation_says(builder):
+    res = run_chain(builder, single_device(builder.graph), budget_s=math.inf, rng=random.Random(1), max_proposals=200)
+    full, _, _ = simulate_strategy(builder, res.best)
+    assert full.step_time == res.best_time
+    assert res.best_time <= res.start_time and res.proposals == 200
+
+
+def test_placement_chains_stay_in_the_placement_space(builder):
+    space = PlacementSpace(4)
+    res = run_chain(builder, single_device(builder.graph), budget_s=math.inf, rng=random.Random(2), space=space,
+                    max_proposals=100)
+    assert all(space.contains(op, res.best[op.name]) for op in builder.graph.ops)
+
+
+def test_a_chain_stops_after_half_its_budget_without_improvement(builder):
+    ticks = iter(range(10**6))
+    res = run_chain(builder, data_parallel(builder.graph, 4), budget_s=40.0, rng=random.Random(0),
+                    clock=lambda: float(next(ticks)))
+    assert res.stopped == "no improvement for half the budget" or res.stopped == "time budget spent"
+    assert res.seconds <= 41
+
+
+@pytest.mark.parametrize("make", [mlp, rnn])
+def test_incremental_peak_memory_equals_full_count_on_random_moves(make):
+    graph = make()
+    topo = get_preset("p100-1x4")
+    b = TaskGraphBuilder(graph, topo, CostModel())
+    tracker = MemoryTracker(b, data_parallel(graph, 4))
+    rng = random.Random(5)
+    for _ in range(60):
+        op = rng.choice(graph.ops)
+        tracker.change(op.name, random_config(op, 4, rng))
+        assert tracker.peak() == peak_memory(b, tracker.strategy)
+
+
+def test_a_strategy_that_does_not_fit_is_never_reported_as_best():
+    graph = mlp()
+    topo = get_preset("p100-1x4")
+    from dataclasses import replace
+    tiny = replace(topo, devices=tuple(replace(d, memory=64) for d in topo.devices))  # 64 bytes: nothing fits
+    b = TaskGraphBuilder(graph, tiny, CostModel())
+    res = run_chain(b, data_parallel(graph, 4), budget_s=math.inf, rng=random.Random(0), max_proposals=50)
+    assert res.best is None and res.best_time == math.inf and res.proposals == 50
+
+
+def test_a_layer_move_re_simulates_to_what_full_simulation_says():
+    graph = rnn(steps=3)
+    b = TaskGraphBuilder(graph, get_preset("p100-1x4"), CostModel())
+    from autopar.planner.search.mcmc import change_many, layers_of
+    from autopar.planner.taskgraph import DeltaSession
+    session = DeltaSession(b, data_parallel(graph, 4))
+    cells = layers_of(graph)[next(op.name for op in graph.ops if op.kind == "lstm_cell")]
+    assert len(cells) == 3
+    rng = random.Random(4)
+    for _ in range(5):
+        cfg = random_config(graph[cells[0]], 4, rng)
+        step = change_many(session, {c: cfg for c in cells})
+        full, _, _ = simulate_strategy(b, session.strategy)
+        assert step == full.step_time and all(session.strategy[c] == cfg for c in cells)

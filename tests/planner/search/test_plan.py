@@ -1,0 +1,83 @@
+"""The planner never returns a strategy slower than a baseline it evaluated, and fits in memory."""
+
+from dataclasses import replace
+
+import pytest
+
+from autopar.planner.cost import CostModel
+from autopar.planner.errors import OutOfMemoryError
+from autopar.planner.presets import get_preset
+from autopar.planner.search.plan import plan
+from autopar.planner.taskgraph import TaskGraphBuilder, simulate_strategy
+
+from ._graphs import diamond, mlp, rnn
+
+GRAPHS = {"mlp": mlp, "diamond": diamond, "rnn": rnn}
+
+
+@pytest.fixture(scope="module", params=list(GRAPHS))
+def planned(request):
+    graph = GRAPHS[request.param]()
+    topo = get_preset("p100-1x4")
+    return graph, topo, plan(graph, topo, CostModel(), budget_s=1e9, placement_budget_s=1e9, max_proposals=60, seed=1)
+
+
+def test_the_plan_is_never_slower_than_any_candidate_it_evaluated(planned):
+    _, _, r = planned
+    times = [c.step_time for k, c in r.candidates.items() if k != "mcmc" and c.step_time is not None and c.fits]
+    assert times and r.step_time <= min(times)
+    assert r.candidates["mcmc"].step_time == r.step_time
+
+
+def test_the_reported_time_is_a_full_simulation_of_the_returned_strategy(planned):
+    graph, topo, r = planned
+    full, _, _ = simulate_strategy(TaskGraphBuilder(graph, topo, CostModel()), r.strategy)
+    assert full.step_time == r.step_time
+    assert r.peak_memory == full.peak_memory
+
+
+def test_when_nothing_beats_data_parallelism_the_plan_says_so_and_is_data_parallelism(planned):
+    _, _, r = planned
+    dp = r.candidates["data-parallel"]
+    if r.step_time == dp.step_time:
+        assert r.strategy.configs == dp.strategy.configs and "beats data parallelism" in r.note
+    else:
+        assert r.step_time < dp.step_time and "data parallelism" not in r.note
+
+
+def test_the_same_seed_gives_the_same_plan():
+    graph, topo = diamond(), get_preset("p100-1x4")
+    a, b = (plan(graph, topo, CostModel(), budget_s=1e9, placement_budget_s=1e9, max_proposals=40, seed=3)
+            for _ in range(2))
+    assert a.strategy.configs == b.strategy.configs and a.step_time == b.step_time
+
+
+def _shrunk(topo, memory: int):
+    return replace(topo, devices=tuple(replace(d, memory=memory) for d in topo.devices))
+
+
+def test_a_model_that_fits_nowhere_is_refused_with_how_much_is_missing():
+    graph = mlp()
+    topo = _shrunk(get_preset("p100-1x4"), 256)
+    with pytest.raises(OutOfMemoryError, match=r"fits on p100-1x4 under no strategy: .* need [0-9.]+ KiB, but the 4 "
+                                               r"devices hold 1.00 KiB together \(756 B short\)"):
+        plan(graph, topo, CostModel(), budget_s=1e9, placement_budget_s=1e9, max_proposals=5)
+
+
+def test_when_the_search_finds_nothing_that_fits_the_closest_strategy_is_named():
+    graph = mlp(batch=64, width=256)
+    # Exactly a quarter of one copy of everything per device: the total-memory bound cannot
+    # refuse it, but no strategy fits (activations that move are stored twice).
+    total = 4 * graph.param_bytes + sum(o.nbytes for op in graph.ops for o in op.outputs)
+    topo = _shrunk(get_preset("p100-1x4"), total // 4 + 1)
+    with pytest.raises(OutOfMemoryError, match=r"no strategy found for mlp on p100-1x4 fits in memory; the closest, "
+                                               r"[a-z-]+: device \d .* needs [0-9.]+ GiB but has [0-9.]+ GiB"):
+        plan(graph, topo, CostModel(), budget_s=1e9, placement_budget_s=1e9, max_proposals=1)
+
+
+def test_a_baseline_above_the_task_limit_is_reported_as_not_simulated():
+    graph, topo = diamond(), get_preset("p100-1x4")
+    r = plan(graph, topo, CostModel(), budget_s=1e9, placement_budget_s=1e9, max_proposals=5, max_tasks=10)
+    dp = r.candidates["data-parallel"]
+    assert dp.step_time is None and "not simulated" in dp.note and "above the limit of 10" in dp.note
+    assert r.step_time is not None  # the searches still give a plan
