@@ -1,16 +1,19 @@
 """Delta simulation (FlexFlow sec. 5.3, Algorithm 2) as an exact replay from a cut: the tuned loop.
 
-Why this is exact, and how the cut and the convergence test are chosen, is in the docstring of
-`planner.simulator`.  This module is the code; its shape is dictated by CPython costs:
+Why it is exact, and how the cut and the convergence test are chosen, is in the docstring of
+`planner.simulator`.  This module is the code; its shape follows CPython's costs:
 
 * **Pull, not push.**  Algorithm 1 pushes every finished task's end to each successor (a Python
-  step per edge).  Here a pending task *watches one predecessor* — the one that finished last in
-  the old timeline (`bind`) — and when that one finishes, reads all its inputs at once with
-  ``max(map(en.__getitem__, preds))``, a C loop; an input still unfinished reads ``inf`` and
-  the task re-watches it.  Task graphs with all-to-all dependencies (parameter synchronization:
-  every ring task waits for every replica's backward task) cost a C loop instead of a Python loop.
-* The new global order is spliced into the old one; checkpoints of per-resource state every
-  `S.every` tasks make the cut state cheap to recover.
+  step per edge).  Here a waiting task *watches one input* — the one that finished last in the
+  old timeline (`bind`) — and when that one finishes, reads all its inputs at once with
+  ``max(map(en.__getitem__, preds))``, a C loop; unfinished tasks read ``inf``, so a task whose
+  inputs finish in a new order simply watches the unfinished one.  All-to-all dependencies cost a
+  C loop instead of a Python loop per edge.
+* **In place.**  New times overwrite the old ones as they are computed; the old ready and end
+  times stay readable in two flat copies (C-speed to make).  A pass that stops midway (a cycle,
+  or a budget spent) leaves `S._broken` set and the simulator re-simulates in full.
+* The hot loop does no convergence bookkeeping: the old order is walked, and the states
+  compared, only when a test is due.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ def delta_pass(g: TaskGraph, S, seeds, new, removed, limit: float = INF,
     gives up; `S._broken` then says that `S`'s times are partly rewritten (as after a cycle
     error), and the caller must simulate in full."""
     key, pred, succ, dur, rix = g._key, g._pred, g._succ, g._dur, g._rix
-    rdy, en, bind, seq, simf = S.rdy, S.en, S.bind, S.seq, S.sim
+    rdy, en, bind, seq, simf = S._rdy, S._en, S._bind, S._seq, S._sim
     nres = len(g._rlist)
 
     # 1. The cut C = (time, key): old tasks before it keep their times.
@@ -71,22 +74,22 @@ def delta_pass(g: TaskGraph, S, seeds, new, removed, limit: float = INF,
         return None
 
     # 2. Every resource's last end just before the cut: nearest checkpoint, then a short scan.
-    j = bisect_right(S.ck_pos, cut) - 1
-    v0 = S.ck_vec[j]
+    j = bisect_right(S._ck_pos, cut) - 1
+    v0 = S._ck_vec[j]
     last = v0 + [0.0] * (nres - len(v0))
-    for x in islice(seq, S.ck_pos[j], cut):
+    for x in islice(seq, S._ck_pos[j], cut):
         last[rix[x]] = en[x]
     at_cut = last[:]
     olast = last[:]  # the same state advanced along the *old* order, for the convergence test
-    ofinal = S.final + [0.0] * (nres - len(S.final))  # old last end of every resource
+    ofinal = S._final + [0.0] * (nres - len(S._final))  # old last end of every resource
 
     # 3. Set up.  New times are written in place (`S` is marked for a full simulation if the
     # pass fails midway); the old times stay readable in the copies `ordy`, `oen`.  Every task
     # after the cut reads inf until re-timed and watches the input that finished last before
     # (`bind`); one whose inputs are all before the cut is ready now.
-    S.epoch += 1
-    ep = S.epoch
-    sm, st, W = S.sm, S.st, S.watch
+    S._epoch += 1
+    ep = S._epoch
+    sm, st, W = S._sm, S._st, S._watch
     ordy = rdy[:]
     oen = en[:]
     any(map(en.__setitem__, islice(seq, cut, None), repeat(INF)))
@@ -227,6 +230,8 @@ def delta_pass(g: TaskGraph, S, seeds, new, removed, limit: float = INF,
         # All new tasks are re-timed (waiting is empty), so the others are old ones.
         if gone or len(order) - len(new) != npassed:
             continue
+        # (A passed task not re-timed yet was delayed by an input whose end moved, so the
+        # moved-end test below would catch it too; this one is cheaper.)
         passed_open = [x for x in passed_open if en[x] == INF]
         recheck += len(passed_open)
         if passed_open:
@@ -263,7 +268,7 @@ def delta_pass(g: TaskGraph, S, seeds, new, removed, limit: float = INF,
     for x in removed:
         simf[x] = False
         W[x] = None
-    every = S.every
+    every = S._every
     v = at_cut
     mid_pos: list[int] = []
     mid_vec: list[list[float]] = []
@@ -272,18 +277,18 @@ def delta_pass(g: TaskGraph, S, seeds, new, removed, limit: float = INF,
         mid_vec.append(v[:])
         for t in islice(order, c, c + every):
             v[rix[t]] = en[t]
-    pos, vecs = S.ck_pos, S.ck_vec
+    pos, vecs = S._ck_pos, S._ck_vec
     lo = bisect_right(pos, cut)
     hi = bisect_left(pos, i) if converged else len(pos)
     shift = cut + len(order) - i
     if mid_pos and mid_pos[0] == pos[lo - 1]:  # the cut itself was a checkpoint
         del mid_pos[0], mid_vec[0]
-    S.ck_pos = pos[:lo] + mid_pos + [p + shift for p in pos[hi:]]
-    S.ck_vec = vecs[:lo] + mid_vec + vecs[hi:]
+    S._ck_pos = pos[:lo] + mid_pos + [p + shift for p in pos[hi:]]
+    S._ck_vec = vecs[:lo] + mid_vec + vecs[hi:]
     seq[cut:i] = order
     S._makespan = makespan
-    S.final = final
+    S._final = final
     S._broken = False
     return {"mode": "delta", "tasks": len(g._id), "seeds": len(seeds), "new": len(new),
             "removed": len(removed), "cut": cut, "stop": i, "converged": converged,
-            "retimed": len(order)}
+            "retimed": len(order), "budgeted": budget < INF}

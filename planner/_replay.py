@@ -55,11 +55,8 @@ def full_pass(g: TaskGraph):
     last = [0.0] * len(g._rlist)
     seq: list[int] = []
     emit = seq.append
-    # The next task is kept out of the heap when it is the newest and smallest entry — along a
-    # chain of tasks it always is, and the heap is not touched at all.
-    item = heappop(heap) if heap else None
-    while item is not None:
-        r, _, i = item
+    while heap:
+        r, _, i = heap[0]
         R = rix[i]
         s = last[R]
         if s < r:
@@ -69,7 +66,7 @@ def full_pass(g: TaskGraph):
         st[i] = s
         en[i] = e
         emit(i)
-        best = None
+        top = True  # the popped entry is still heap[0]: the first ready successor replaces it
         for j in succ[i]:
             if rdy[j] < e:
                 rdy[j] = e
@@ -77,18 +74,13 @@ def full_pass(g: TaskGraph):
             cnt[j] = c
             if not c:
                 bind[j] = i
-                x = (rdy[j], key[j], j)
-                if best is None:
-                    best = x
-                elif x < best:
-                    heappush(heap, best)
-                    best = x
+                if top:
+                    heapreplace(heap, (rdy[j], key[j], j))
+                    top = False
                 else:
-                    heappush(heap, x)
-        if best is not None:
-            item = heapreplace(heap, best) if heap and heap[0] < best else best
-        else:
-            item = heappop(heap) if heap else None
+                    heappush(heap, (rdy[j], key[j], j))
+        if top:
+            heappop(heap)
     if len(seq) != len(g._id):
         start = next(i for i in g._id.values() if cnt[i] > 0)
         raise find_cycle(start, pred, lambda p: cnt[p] > 0, key)

@@ -31,6 +31,9 @@ class TaskInfo:
     label: str = ""
 
 
+_is_int = int.__instancecheck__
+
+
 def _check_duration(key, duration) -> float:
     d = float(duration)
     if not 0.0 < d < math.inf:  # also rejects NaN
@@ -110,14 +113,18 @@ class TaskGraph:
                  nbytes: float = 0.0, label: str = "") -> None:
         self._add(key, resource, duration, kind, nbytes, label)
 
-    def _add(self, key, resource, duration, kind, nbytes, label) -> int:
-        if type(key) is not tuple or not all(type(x) is int for x in key):
+    def _add(self, key, resource, duration, kind, nbytes, label, at: int = -1) -> int:
+        """Add a task; `at` >= 0 reuses that id, which must be free and not on the free list
+        (a simulator reviving a task it removed)."""
+        if type(key) is not tuple or not all(map(_is_int, key)):
             raise SimulationError(
                 f"task key {key!r} must be a tuple of ints: keys order tasks on a tie, so they must "
                 f"compare with each other")
         if key in self._id:
             raise SimulationError(f"task {key!r} is already in the task graph; remove it first to replace it")
-        d = _check_duration(key, duration)
+        d = float(duration)
+        if not 0.0 < d < math.inf:
+            _check_duration(key, duration)
         try:
             r = _as_index(resource)
         except TypeError:
@@ -128,8 +135,8 @@ class TaskGraph:
             self._rlist.append(r)
         if d < self._dmin:
             self._dmin = d
-        if self._free:
-            i = self._free.pop()
+        if at >= 0 or self._free:
+            i = at if at >= 0 else self._free.pop()
             self._key[i] = key
             self._res[i] = r
             self._rix[i] = rix
@@ -169,9 +176,6 @@ class TaskGraph:
         (self._held if self._hold else self._free).append(i)
         self._version += 1
 
-    def _release_held(self) -> None:
-        self._free.extend(self._held)
-        self._held.clear()
 
     def add_edge(self, src, dst) -> None:
         """`dst` cannot start before `src` ends.  Adding an existing edge changes nothing."""

@@ -47,36 +47,51 @@ timed once, from final inputs, as Algorithm 1 would:
    lowering put after C.  Lowering only shrinks the prefix, which only removes such cases, so
    one pass over the seeds suffices.  Tasks that started before C but end after it are in the
    prefix; their end is what the replay's resources start from.
-2. **Replay** Algorithm 1 from C, seeded with every resource's last end before C (a checkpoint
-   vector every ~256 tasks plus a short scan).  Instead of pushing every later task through the
-   heap, the replay walks the *old* order as a stream beside a heap of *pending* tasks (the
-   update queue): a task nobody touched still has final, unchanged inputs when the stream reaches
-   it, so it is ready exactly when it was and is timed right there, merged in ``(ready, key)``
-   order; only tasks downstream of a change (a changed end, a new or moved input) become
-   pending, count their unfinished inputs and go through the heap.  This is Algorithm 2's
-   pruning, with line 19 replaced by the merge.
-3. **Convergence.**  The replay stops when the new simulation's state equals the old one's at the
-   same point P of ``(ready, key)``: both have finished the same tasks (``sym == 0``), every
-   resource's last end agrees (``mism == 0``), no finished task with a different end has an
-   unfinished successor (``pend == 0``) and every seed, new and removed task is behind
-   (``left == 0``).  Then everything after P is the old timeline, unchanged, by determinism.
-4. **Commit** the re-timed tasks, splice the order, shift later checkpoints.
+2. **Replay** Algorithm 1 from C — same heap order ``(ready, key)``, same floating-point
+   expressions — seeded with every resource's last end before C (a checkpoint vector every few
+   hundred tasks plus a short scan).  Tasks become ready by *pulling* rather than by being
+   pushed: each waits on the input that finished last in the old timeline (``bind``, recorded by
+   both algorithms) and, when that one is done, reads all its inputs at once; an input still
+   unfinished sends it to wait on that one (`planner._delta`).  This is Algorithm 2's update
+   queue without its line 19 ("swap t with other tasks on the device to maintain FIFO"): the
+   heap puts every re-timed task in its FIFO place the way Algorithm 1 does.
+3. **Convergence**, Algorithm 2's "stop where times do not change", made exact.  Walking the old
+   order alongside, the replay stops at a point P of ``(ready, key)`` where the new simulation's
+   state is the old one's: the same tasks done, every seed and new task done and every removed
+   one passed, no task with a moved end still has a successor to run, and every resource has the
+   same last end — or no old task left to run.  Everything after P then runs exactly as before:
+   Algorithm 1's future depends only on that state.  The test runs only after a stretch of
+   re-timed tasks that kept their ends, and backs off after each failure, so it costs little.
+4. **Commit**: splice the re-timed order into the old one, shift later checkpoints.
 
-The replay is Algorithm 1 restricted to the tasks after C with the same tie-break, so each time
-is the same floating-point expression as in a full simulation; the tests check bit equality
-(`Timeline.same_as` with ``tol=0``) on random graphs and random edit batches.
+Why the replay's times are bit-identical to a full simulation's: they satisfy the fixed point
+(prefix by step 1, the rest by Algorithm 1's argument), which is unique.  The tests check
+`Timeline.same_as` with ``tol=0`` on random graphs and random edit batches.
 
-Cost: a change early in a training step shifts everything after it, and no exact method with
-absolute float times can avoid re-timing those tasks; delta then costs about a replay of the
-suffix.  Changes that do not propagate (slack absorbs them, or other devices are unaffected)
-cost only the touched tasks.  Delta's large win over a rebuild comes from editing one op's tasks
-instead of rebuilding the task graph (`planner.taskgraph.DeltaSession`).
+Cost, and when delta gives way to full simulation
+-------------------------------------------------
+A change early in a training step usually moves everything after it (in the zoo's task graphs
+85-95 % of the tasks after one random op change, many of them re-ordered on their device or
+link), and with absolute floating-point times no exact method avoids re-timing them.  The
+replay re-times a task at about 1.35x the cost per task of `simulate()` (bookkeeping, not
+edges, dominates), so when more than 70 % of the graph lies after the cut the replay runs only
+on a budget (10 % of the graph, at least 256 tasks) — enough to catch a change absorbed nearby
+— and otherwise a full simulation takes over; budgets that keep running out are skipped.  Late
+changes, absorbed changes and batches that touch few tasks are where the replay wins.
+
+A search rejects most proposals and takes them back.  `DeltaSimulator` keeps the timeline from
+before the last batch and records, for every task a batch touches, its resource, duration and
+neighbours before and after.  A batch that exactly inverts the previous one brings that timeline
+back without simulating (a re-added task gets its old id back, so the kept lists still fit), and
+a batch with no net effect keeps the current one.  Both are exact: the graph is then identical to
+one whose timeline is known.
 """
 
 from __future__ import annotations
 
 from itertools import repeat
 
+from ._batches import Batch, undoes
 from ._delta import delta_pass
 from ._replay import checkpoints, full_pass
 from ._taskstore import TaskGraph, TaskInfo
@@ -107,7 +122,16 @@ class DeltaSimulator:
 
     Edit through the simulator (same signatures as `TaskGraph`), then call `resimulate()`.  The
     graph passed in becomes the simulator's; editing it directly still works but costs a full
-    simulation at the next `resimulate()`.
+    simulation at the next `resimulate()`.  `stats` describes the last re-simulation: ``mode``
+    ("delta", "full" with its ``reason``, "unchanged" or "undo"), ``retimed`` tasks, and for a
+    delta the ``cut`` and ``stop`` positions in the global order and whether it ``converged``.
+
+    Two batches cost no simulation at all, which matters to a search that rejects most of its
+    proposals: a batch whose net effect is nothing (an op set to the configuration it has), and
+    a batch that exactly undoes the previous one (a rejected proposal taken back) — the timeline
+    before that batch is kept and comes back.  Both are recognized exactly (`planner._batches`):
+    every task a batch touches is compared, resource and duration, before and after, and every
+    edge it adds or removes is counted, by keys.
     """
 
     def __init__(self, graph: TaskGraph):
@@ -116,17 +140,25 @@ class DeltaSimulator:
         self._seeds: set[int] = set()
         self._new: set[int] = set()
         self._removed: list[int] = []
+        self._batch = Batch()            # net effect of the edits since the last simulation
+        self._revive: dict = {}          # key -> id of an old task removed in this batch
+        self._grave: dict = {}           # the same for the previous batch: ids kept for an undo
+        self._prev = None                # (lists, net effect) from before the last batch
         self._seen = graph._version      # version after our last tracked edit
         self._done = -1                  # version the current timeline belongs to
         self._untracked = False
-        self.epoch = 0
+        self._batches = 0
+        self._misses = 0                 # budgeted replays in a row that ran out of budget
+        self._epoch = 0
         # delta_pass marks seeds, new and removed tasks with the epoch, and keeps per task the
         # list of tasks that watch it (None when none).
-        self.sm: list[int] = []
-        self.watch: list = []
+        self._sm: list[int] = []
+        self._watch: list = []
         self._broken = False             # a failed delta pass left partial times behind
+        self._rdy: list[float] = []
         self.stats: dict = {}
         self._full()
+        self._settle()
 
     # -- edits -------------------------------------------------------------------------------
     @property
@@ -146,37 +178,75 @@ class DeltaSimulator:
     def add_task(self, key, resource: int, duration: float, kind: str = "compute",
                  nbytes: float = 0.0, label: str = "") -> None:
         self._track()
-        self._new.add(self._g._add(key, resource, duration, kind, nbytes, label))
-        self._seen = self._g._version
+        g = self._g
+        # A key removed in this batch or the previous one gets its id back when it stays on its
+        # resource: a modified old task, or a task an undo brings back, keeps its place.
+        i = self._revive.get(key, -1)
+        j = self._grave.get(key, -1)
+        at = -1
+        if key not in g._id:
+            if i >= 0 and g._res[i] == resource:
+                at = i
+            elif j >= 0 and g._res[j] == resource:
+                at = j
+        n = g._add(key, resource, duration, kind, nbytes, label, at)
+        if at >= 0 and at == i:
+            del self._revive[key]
+            g._held.remove(i)
+            self._removed.remove(i)
+            self._seeds.add(i)
+        else:
+            if at >= 0:
+                del self._grave[key]
+            self._new.add(n)
+        self._batch.absent(key)
+        self._seen = g._version
 
     def remove_task(self, key) -> None:
         self._track()
         g = self._g
         i = g._ix(key)
+        batch, k = self._batch, g._key
+        batch.touch(g, i)
+        for j in g._pred[i]:
+            batch.edge(k[j], key, -1)
         succ = list(g._succ[i])
+        for j in succ:
+            batch.edge(key, k[j], -1)
         g._remove(i)
         if i in self._new:
             self._new.discard(i)
         else:
             self._removed.append(i)
             self._seeds.discard(i)
+            self._revive[key] = i
         new = self._new
         self._seeds.update(s for s in succ if s not in new)
         self._seen = g._version
 
     def add_edge(self, src, dst) -> None:
-        self._track()
         g = self._g
-        b = g._ix(dst)
-        if g._add_edge(g._ix(src), b) and b not in self._new:
-            self._seeds.add(b)
+        if g._version != self._seen:
+            self._untracked = True
+        a, b = g._ix(src), g._ix(dst)
+        if g._add_edge(a, b):
+            edges = self._batch.edges
+            e = (g._key[a], g._key[b])
+            n = edges.get(e, 0) + 1
+            if n:
+                edges[e] = n
+            else:
+                del edges[e]
+            if b not in self._new:
+                self._seeds.add(b)
         self._seen = g._version
 
     def remove_edge(self, src, dst) -> None:
         self._track()
         g = self._g
-        b = g._ix(dst)
-        g._remove_edge(g._ix(src), b)
+        a, b = g._ix(src), g._ix(dst)
+        g._remove_edge(a, b)
+        self._batch.edge(g._key[a], g._key[b], -1)
         if b not in self._new:
             self._seeds.add(b)
         self._seen = g._version
@@ -185,6 +255,7 @@ class DeltaSimulator:
         self._track()
         g = self._g
         i = g._ix(key)
+        self._batch.touch(g, i)
         if g._set_duration(i, duration) and i not in self._new:
             self._seeds.add(i)
         self._seen = g._version
@@ -196,22 +267,65 @@ class DeltaSimulator:
         self._track()
         if g._version == self._done:
             return self.timeline()
-        limit = _REPLAY_FRACTION * len(g)
-        if self._untracked or self._broken or len(self._new) > limit:
-            self._full()
-            return self.timeline()
-        self._grow()
-        stats = delta_pass(g, self, self._seeds, self._new, self._removed, limit,
-                           max(_REPLAY_MIN, _REPLAY_BUDGET * len(g)))
-        if stats is None:
-            self._full()
-        else:
-            self.stats = stats
+        if self._untracked or self._broken:
+            self._prev = None
+            self._full("graph edited directly" if self._untracked else "a previous pass failed")
             self._settle()
+            return self.timeline()
+        diff = self._batch.net(g)
+        if not (diff[0] or diff[1]):
+            self.stats = {"mode": "unchanged", "tasks": len(g), "retimed": 0}
+        elif self._is_undo(diff):
+            state, self._prev = self._prev[0], (self._state(), diff)
+            self._restore(state)
+            self.stats = {"mode": "undo", "tasks": len(g), "retimed": 0}
+        else:
+            self._step(diff)
+        self._settle()
         return self.timeline()
+
+    def _step(self, diff: tuple) -> None:
+        g = self._g
+        limit = _REPLAY_FRACTION * len(g)
+        # A replay on a budget that keeps running out is skipped, save for every 16th batch.
+        self._batches += 1
+        budget = max(_REPLAY_MIN, _REPLAY_BUDGET * len(g))
+        if self._misses >= 4 and self._batches % 16:
+            budget = 0
+        if len(self._new) > limit:
+            prev = self._state()
+            self._full("mostly new tasks")
+        else:
+            prev = self._state(copy=True)  # the replay rewrites the lists in place
+            self._grow()
+            stats = delta_pass(g, self, self._seeds, self._new, self._removed, limit, budget)
+            if stats is None:
+                self._misses += self._broken  # broken: it ran, and the budget ran out
+                self._full("the change moves most of the step")
+            else:
+                if stats["budgeted"]:
+                    self._misses = 0
+                self.stats = stats
+        self._prev = (prev, diff)
+
+    def _is_undo(self, diff: tuple) -> bool:
+        return self._prev is not None and undoes(self._g, diff, self._prev[1])
+
+    _FIELDS = ("_rdy", "_st", "_en", "_bind", "_sim", "_seq", "_ck_pos", "_ck_vec", "_final",
+               "_makespan", "_every")
+
+    def _state(self, copy: bool = False) -> tuple:
+        vals = tuple(getattr(self, f) for f in self._FIELDS)
+        return tuple(v[:] for v in vals[:6]) + vals[6:] if copy else vals
+
+    def _restore(self, state: tuple) -> None:
+        for f, v in zip(self._FIELDS, state):
+            setattr(self, f, v)
+        self._grow()
 
     @property
     def makespan(self) -> float:
+        """Step time of the current timeline (re-simulating pending edits first)."""
         if self._g._version != self._done:
             self.resimulate()
         return self._makespan
@@ -222,46 +336,52 @@ class DeltaSimulator:
         g = self._g
         if g._version != self._done:
             self.resimulate()
-        data = _Data(g._id, g._key, g._res, g._dur, self.rdy, self.st, self.en, self.seq, owner=g)
+        data = _Data(g._id, g._key, g._res, g._dur, self._rdy, self._st, self._en, self._seq, owner=g)
         return Timeline._of(data, self._makespan)
 
-    def _full(self) -> None:
+    def _full(self, reason: str = "first simulation") -> None:
         g = self._g
         rdy, st, en, bind, seq, last = full_pass(g)
-        self.rdy, self.st, self.en, self.bind, self.seq = rdy, st, en, bind, seq
+        self._rdy, self._st, self._en, self._bind, self._seq = rdy, st, en, bind, seq
         sim = [False] * len(g._key)
         any(map(sim.__setitem__, g._id.values(), repeat(True)))
-        self.sim = sim
+        self._sim = sim
         nres = len(g._rlist)
-        self.every = max(256, 4 * nres)
-        self.ck_pos, self.ck_vec = checkpoints(seq, en, g._rix, nres, self.every)
-        self.final = last
+        self._every = max(256, 4 * nres)
+        self._ck_pos, self._ck_vec = checkpoints(seq, en, g._rix, nres, self._every)
+        self._final = last
         self._makespan = max(last, default=0.0)
         self._broken = False
-        self.watch = [None] * len(self.watch)
+        self._watch = [None] * len(self._watch)
         self._grow()
-        self.stats = {"mode": "full", "tasks": len(g), "retimed": len(seq)}
-        self._settle()
+        self.stats = {"mode": "full", "reason": reason, "tasks": len(g), "retimed": len(seq)}
 
     def _settle(self) -> None:
+        """The batch is simulated: forget it, keep its removed old tasks' ids for one batch."""
+        g = self._g
+        g._free.extend(self._grave.values())
+        kept = set(self._revive.values())
+        g._free.extend(i for i in g._held if i not in kept)
+        g._held.clear()
+        self._grave, self._revive = self._revive, {}
+        self._batch = Batch()
         self._seeds.clear()
         self._new.clear()
         self._removed.clear()
-        self._g._release_held()
         self._untracked = False
-        self._done = self._seen = self._g._version
+        self._done = self._seen = g._version
 
     def _grow(self) -> None:
         """Size the per-id lists to the graph's id capacity."""
-        n = len(self._g._key) - len(self.rdy)
+        n = len(self._g._key) - len(self._rdy)
         if n > 0:
             z = [0.0] * n
-            self.rdy += z
-            self.st += z
-            self.en += z
-            self.bind += [-1] * n
-            self.sim += [False] * n
-        n = len(self._g._key) - len(self.sm)
+            self._rdy += z
+            self._st += z
+            self._en += z
+            self._bind += [-1] * n
+            self._sim += [False] * n
+        n = len(self._g._key) - len(self._sm)
         if n > 0:
-            self.sm += [0] * n
-            self.watch += [None] * n
+            self._sm += [0] * n
+            self._watch += [None] * n

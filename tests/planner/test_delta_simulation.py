@@ -119,6 +119,46 @@ def test_delta_equals_full_after_every_batch_of_random_edits(data):
             assert_same(w.sim)
 
 
+def content(g: TaskGraph) -> dict:
+    return {k: (g.task(k).resource, g.task(k).duration, frozenset(g.preds(k))) for k in g.keys()}
+
+
+def restore(sim: DeltaSimulator, want: dict) -> None:
+    """Edit `sim` back to the graph `want` (as `content` gives it), in one batch."""
+    g = sim.graph
+    for k in list(g.keys()):
+        if k not in want or g.task(k).resource != want[k][0]:
+            sim.remove_task(k)
+    for k, (r, d, _) in want.items():
+        if k not in g:
+            sim.add_task(k, r, d)
+        sim.set_duration(k, d)
+    for k, (_, _, preds) in want.items():
+        have = set(g.preds(k))
+        for p in have - preds:
+            sim.remove_edge(p, k)
+        for p in preds - have:
+            sim.add_edge(p, k)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_undoing_a_random_batch_restores_the_timeline_without_simulating(data):
+    with replay_always():
+        w = World(data)
+        for _ in range(data.draw(st.integers(1, 3), label="rounds")):
+            start, ranks = content(w.sim.graph), dict(w.rank)
+            for _ in range(data.draw(st.integers(1, 5), label="edits")):
+                w.edit()
+            assert_same(w.sim)
+            if content(w.sim.graph) == start:
+                continue
+            restore(w.sim, start)
+            assert_same(w.sim)
+            assert w.sim.stats["mode"] == "undo"
+            w.rank = ranks
+
+
 @settings(max_examples=100, deadline=None)
 @given(st.data())
 def test_delta_equals_full_with_the_default_replay_policy(data):
@@ -129,7 +169,7 @@ def test_delta_equals_full_with_the_default_replay_policy(data):
 
 
 @pytest.mark.slow
-@settings(max_examples=2000, deadline=None)
+@settings(max_examples=1500, deadline=None)
 @given(st.data())
 def test_delta_equals_full_on_thousands_of_random_edit_batches(data):
     with replay_always(quiet=data.draw(st.sampled_from([1, 2, 16]))):
@@ -214,17 +254,20 @@ class TrainingStep:
             self.owned[("edge", l)] = self.add_edges(g, l)
             self.owned[("sync", l)] = self.add_sync(g, l)
 
-    def change(self, sim, l):
+    def change(self, sim, l, cfg=None):
+        """Re-partition layer `l` (randomly unless `cfg` is given); returns its old config."""
+        old = self.cfg[l]
         groups = [("op", l), ("edge", l), ("sync", l)] + ([("edge", l + 1)] if l + 1 < self.L else [])
         for grp in groups:
             for k in self.owned.pop(grp):
                 sim.remove_task(k)
-        self.cfg[l] = self.config()
+        self.cfg[l] = cfg if cfg is not None else self.config()
         self.owned[("op", l)] = self.add_layer(sim, l)
         self.owned[("edge", l)] = self.add_edges(sim, l)
         if l + 1 < self.L:
             self.owned[("edge", l + 1)] = self.add_edges(sim, l + 1)
         self.owned[("sync", l)] = self.add_sync(sim, l)
+        return old
 
 
 @pytest.mark.parametrize("devices,layers,seed", [(4, 8, 0), (8, 12, 1)])
@@ -322,3 +365,69 @@ def test_removing_and_re_adding_a_key_in_one_batch_is_exact():
         sim.add_task((501,), 4, 1.0)
         sim.remove_task((501,))        # and remove one
         assert_same(sim)
+
+
+# -- batches that need no simulation -----------------------------------------------------------
+
+def test_taking_back_a_change_restores_the_timeline_without_simulating():
+    step = TrainingStep(8, 10, 3)
+    g = TaskGraph()
+    step.build(g)
+    sim = DeltaSimulator(g)
+    for _ in range(10):
+        l = step.rng.randrange(10)
+        before = sim.timeline().detached()
+        old = step.change(sim, l)
+        assert_same(sim)
+        if step.cfg[l] == old:
+            assert sim.stats["mode"] == "unchanged"
+            continue
+        step.change(sim, l, old)  # a rejected proposal, taken back
+        assert_same(sim)
+        assert sim.stats["mode"] == "undo" and sim.timeline().same_as(before)
+
+
+def test_redoing_an_undone_change_and_moving_on_stay_exact():
+    step = TrainingStep(8, 10, 4)
+    g = TaskGraph()
+    step.build(g)
+    sim = DeltaSimulator(g)
+    l = 2
+    old = step.change(sim, l, (8, 0) if step.cfg[l] != (8, 0) else (2, 4))
+    new = step.cfg[l]
+    assert_same(sim)
+    step.change(sim, l, old)
+    assert_same(sim)
+    assert sim.stats["mode"] == "undo"
+    step.change(sim, l, new)   # redo
+    assert_same(sim)
+    assert sim.stats["mode"] == "undo"
+    for m in (5, 7, 5):        # then ordinary moves on top of the restored state
+        step.change(sim, m)
+        assert_same(sim)
+        assert sim.stats["mode"] in ("delta", "full", "unchanged")
+
+
+def test_a_batch_with_no_net_effect_is_not_simulated():
+    sim = DeltaSimulator(absorbed_change_graph())
+    sim.remove_task((2,))
+    sim.add_task((2,), 2, 1.0)
+    sim.add_edge((0,), (2,))
+    sim.add_edge((1,), (2,))
+    sim.add_edge((2,), (3,))
+    sim.set_duration((40,), 2.0)
+    sim.set_duration((40,), 1.0)
+    assert_same(sim)
+    assert sim.stats["mode"] == "unchanged"
+
+
+def test_a_different_change_of_the_same_tasks_is_not_taken_for_an_undo():
+    sim = DeltaSimulator(absorbed_change_graph())
+    sim.set_duration((40,), 2.0)
+    assert_same(sim)
+    sim.set_duration((40,), 3.0)  # touches the same task, but does not restore it
+    assert_same(sim)
+    assert sim.stats["mode"] == "delta"
+    sim.set_duration((40,), 2.0)  # undoes only the last batch
+    assert_same(sim)
+    assert sim.stats["mode"] == "undo"
