@@ -10,7 +10,7 @@ intersection of a producer's output box and a consumer's input box (FlexFlow sec
 from __future__ import annotations
 
 from itertools import product
-from typing import Iterator, Sequence
+from typing import Iterator, Mapping, Sequence
 
 Range = tuple[int, int]
 Box = tuple[Range, ...]
@@ -62,3 +62,48 @@ def grid_coords(degrees: Sequence[int]) -> Iterator[tuple[int, ...]]:
 def translate(box: Box, origin: Box) -> tuple[slice, ...]:
     """Slices that cut `box` out of a local tensor that holds the region `origin`."""
     return tuple(slice(lo - olo, hi - olo) for (lo, hi), (olo, _) in zip(box, origin))
+
+
+def cells(boxes_by_dev: Mapping[int, Sequence[Box]]) -> list[tuple[Box, tuple[int, ...]]]:
+    """Split the union of all boxes into elementary cells, each with the devices that hold it.
+
+    Parameter synchronization rests on it, in the simulator (`planner.taskgraph`) and in the
+    runtime (`trainer.plan`) alike: devices all-reduce exactly the cells they all hold.  Adjacent
+    cells with the same holders are merged along each axis in turn, so that a plain replicated
+    parameter is one cell, not many.
+    """
+    all_boxes = [b for bs in boxes_by_dev.values() for b in bs]
+    if not all_boxes:
+        return []
+    rank = len(all_boxes[0])
+    cuts = []
+    for a in range(rank):
+        pts = sorted({x for b in all_boxes for x in b[a]})
+        cuts.append(list(zip(pts, pts[1:])))
+    grid: dict[Box, tuple[int, ...]] = {}
+    for cell in product(*cuts):
+        holders = tuple(sorted(d for d, bs in boxes_by_dev.items()
+                               if any(all(lo <= c0 and c1 <= hi for (c0, c1), (lo, hi) in zip(cell, b)) for b in bs)))
+        if holders:
+            grid[tuple(cell)] = holders
+    for axis in range(rank):
+        grid = _merge_axis(grid, axis)
+    return sorted(grid.items())
+
+
+def _merge_axis(grid: dict[Box, tuple[int, ...]], axis: int) -> dict[Box, tuple[int, ...]]:
+    lines: dict[tuple, list[tuple[Range, tuple[int, ...]]]] = {}
+    for box, holders in grid.items():
+        key = box[:axis] + box[axis + 1:]
+        lines.setdefault(key, []).append((box[axis], holders))
+    out: dict[Box, tuple[int, ...]] = {}
+    for key, segs in lines.items():
+        segs.sort()
+        run_lo, run_hi, run_h = segs[0][0][0], segs[0][0][1], segs[0][1]
+        for (lo, hi), h in segs[1:] + [((None, None), None)]:
+            if h == run_h and lo == run_hi:
+                run_hi = hi
+                continue
+            out[key[:axis] + ((run_lo, run_hi),) + key[axis:]] = run_h
+            run_lo, run_hi, run_h = lo, hi, h
+    return out

@@ -46,7 +46,7 @@ from typing import Iterable
 from .cost import CostModel
 from .errors import StrategyError
 from .graph import Op, OperatorGraph
-from .regions import Box, intersect, volume
+from .regions import Box, cells, intersect, volume
 from .simulator import DeltaSimulator, TaskGraph, Timeline, simulate
 from .strategy import ParallelConfig, Strategy, check_config
 
@@ -382,25 +382,6 @@ def _prod(xs) -> int:
     return n
 
 
-def _cells(boxes_by_dev: dict[int, list[Box]]) -> list[tuple[Box, tuple[int, ...]]]:
-    """Split the union of all boxes into elementary cells; each with the devices that hold it."""
-    all_boxes = [b for bs in boxes_by_dev.values() for b in bs]
-    if not all_boxes:
-        return []
-    rank = len(all_boxes[0])
-    cuts = []
-    for a in range(rank):
-        pts = sorted({x for b in all_boxes for x in b[a]})
-        cuts.append(list(zip(pts, pts[1:])))
-    out = []
-    for cell in product(*cuts):
-        holders = tuple(sorted(d for d, bs in boxes_by_dev.items()
-                               if any(all(lo <= c0 and c1 <= hi for (c0, c1), (lo, hi) in zip(cell, b)) for b in bs)))
-        if holders:
-            out.append((tuple(cell), holders))
-    return out
-
-
 def _sync_groups(boxes_by_dev: dict[int, list[Box]], spec) -> list[tuple[tuple[int, ...], float]]:
     """Devices that hold the same cells of a parameter must all-reduce those cells' gradients.
 
@@ -412,7 +393,7 @@ def _sync_groups(boxes_by_dev: dict[int, list[Box]], spec) -> list[tuple[tuple[i
         return []
     itemsize = spec.nbytes // max(1, _prod(spec.shape))
     acc: dict[tuple[int, ...], int] = {}
-    for cell, holders in _cells(boxes_by_dev):
+    for cell, holders in cells(boxes_by_dev):
         if len(holders) > 1:
             acc[holders] = acc.get(holders, 0) + volume(cell) * itemsize
     return sorted(acc.items())
@@ -421,7 +402,7 @@ def _sync_groups(boxes_by_dev: dict[int, list[Box]], spec) -> list[tuple[tuple[i
 def _union_volume(boxes: list[Box]) -> int:
     if len(boxes) == 1:
         return volume(boxes[0])
-    return sum(volume(cell) for cell, _ in _cells({0: boxes}))
+    return sum(volume(cell) for cell, _ in cells({0: boxes}))
 
 
 @dataclass(frozen=True)

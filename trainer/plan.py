@@ -20,8 +20,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from itertools import product
-from typing import Mapping
 
 from autopar.planner.graph import Op, OperatorGraph
 from autopar.planner.regions import Box, Range, intersect, volume
@@ -173,50 +171,6 @@ def _requires_grad(graph: OperatorGraph) -> dict[str, bool]:
         float_param = any(p.dtype in _FLOAT for p in op.params)
         upstream = any(out[r.op] and graph[r.op].outputs[r.index].dtype in _FLOAT for r in op.inputs)
         out[op.name] = float_param or upstream
-    return out
-
-
-def cells(boxes_by_dev: Mapping[int, tuple[Box, ...]]) -> list[tuple[Box, tuple[int, ...]]]:
-    """Split the union of all boxes into elementary cells, each with the devices that hold it.
-
-    The same decomposition as the simulator's synchronization model (`planner.taskgraph`): two
-    devices all-reduce exactly the cells both hold.  Adjacent cells with the same holders are
-    merged along each axis in turn so that a plain replicated parameter is one cell, not many.
-    """
-    all_boxes = [b for bs in boxes_by_dev.values() for b in bs]
-    if not all_boxes:
-        return []
-    rank = len(all_boxes[0])
-    cuts = []
-    for a in range(rank):
-        pts = sorted({x for b in all_boxes for x in b[a]})
-        cuts.append(list(zip(pts, pts[1:])))
-    grid: dict[Box, tuple[int, ...]] = {}
-    for cell in product(*cuts):
-        holders = tuple(sorted(d for d, bs in boxes_by_dev.items()
-                               if any(all(lo <= c0 and c1 <= hi for (c0, c1), (lo, hi) in zip(cell, b)) for b in bs)))
-        if holders:
-            grid[tuple(cell)] = holders
-    for axis in range(rank):
-        grid = _merge_axis(grid, axis)
-    return sorted(grid.items())
-
-
-def _merge_axis(grid: dict[Box, tuple[int, ...]], axis: int) -> dict[Box, tuple[int, ...]]:
-    lines: dict[tuple, list[tuple[Range, tuple[int, ...]]]] = {}
-    for box, holders in grid.items():
-        key = box[:axis] + box[axis + 1:]
-        lines.setdefault(key, []).append((box[axis], holders))
-    out: dict[Box, tuple[int, ...]] = {}
-    for key, segs in lines.items():
-        segs.sort()
-        run_lo, run_hi, run_h = segs[0][0][0], segs[0][0][1], segs[0][1]
-        for (lo, hi), h in segs[1:] + [((None, None), None)]:
-            if h == run_h and lo == run_hi:
-                run_hi = hi
-                continue
-            out[key[:axis] + ((run_lo, run_hi),) + key[axis:]] = run_h
-            run_lo, run_hi, run_h = lo, hi, h
     return out
 
 

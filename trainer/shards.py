@@ -24,7 +24,9 @@ from autopar.planner.graph import OperatorGraph
 from autopar.planner.regions import Box, full_box, translate, volume
 
 from .comm import exchange, wait_all
-from .plan import ExecutionPlan, bounding_box, cells
+from autopar.planner.regions import cells
+
+from .plan import ExecutionPlan, bounding_box
 from .redistribute import shape_of
 
 

@@ -29,7 +29,9 @@ import torch.distributed as dist
 from autopar.planner.graph import DTYPE_BYTES
 from autopar.planner.regions import Box, translate, volume
 
-from .plan import ExecutionPlan, cells
+from autopar.planner.regions import cells
+
+from .plan import ExecutionPlan
 
 if TYPE_CHECKING:
     from .shards import Shard

@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 from autopar.planner.graph import WHOLE, DimKind, Op, OperatorGraph, ParamSpec, ParDim, TensorRef, TensorSpec, same
 from autopar.planner.regions import intersect, volume
 from autopar.planner.strategy import ParallelConfig, Strategy
-from autopar.trainer.plan import ExecutionPlan, cells
+from autopar.planner.regions import cells
+from autopar.trainer.plan import ExecutionPlan
 from autopar.trainer.sync import plan_buckets
 
 
