@@ -47,7 +47,7 @@ def load_problem(args) -> Problem:
     from autopar.planner.fx_import import import_spec
     from autopar.planner.profile_cache import ProfileCache, default_cache_path
     from autopar.planner.topology_io import resolve_topology
-    from autopar.planner.zoo import load_model, parse_options
+    from autopar.planner.zoo import parse_options
 
     spec = load_model_for_planning(args.model, **parse_options(args.model_opt))
     graph = import_spec(spec)

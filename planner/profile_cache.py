@@ -33,13 +33,13 @@ import json
 import math
 import os
 import re
-import tempfile
 from enum import Enum
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from .fileio import atomic_write
 from .errors import CostModelError
 from .graph import Op
 from .regions import Range
@@ -215,25 +215,15 @@ class ProfileCache:
     def save(self, path: str | os.PathLike | None = None) -> Path:
         """Write the cache atomically (temporary file in the same directory, then ``os.replace``)."""
         p = Path(path).expanduser() if path is not None else (self.path or default_cache_path())
-        p.parent.mkdir(parents=True, exist_ok=True)
         doc: dict[str, Any] = {
             "version": FORMAT_VERSION,
             "entries": {k: {"forward": f, "backward": b} for k, (f, b) in sorted(self._entries.items())},
         }
-        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                json.dump(doc, fh, indent=1)
-                fh.write("\n")
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, p)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
-            raise
+        def dump(fh) -> None:
+            json.dump(doc, fh, indent=1)
+            fh.write("\n")
+
+        atomic_write(p, dump)
         self.path = p
         return p
 

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import product
-from typing import Iterable
 
 from .cost import CostModel
 from .errors import StrategyError

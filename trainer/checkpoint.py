@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from autopar.planner.fileio import atomic_write
 
 from .errors import CheckpointError
 
@@ -34,21 +35,7 @@ def checkpoint_path(directory: str | Path, step: int) -> Path:
 
 
 def _atomic_write(path: Path, write) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.chmod(tmp, 0o644)   # mkstemp's 0600 would hide checkpoints from other users of a shared volume
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    atomic_write(path, write, binary=True)
 
 
 def write(directory: str | Path, state: dict[str, Any]) -> Path:
