@@ -32,6 +32,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from .fileio import atomic_write
 from .errors import PlanFileError, StrategyError
 from .graph import OperatorGraph
 from .strategy import ParallelConfig, Strategy, check_config
@@ -114,7 +115,7 @@ def save_plan(result_or_strategy, path: str | Path, graph: OperatorGraph, topolo
         text = yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=120)
     else:
         text = json.dumps(doc, indent=2) + "\n"
-    path.write_text(text)
+    atomic_write(path, lambda fh: fh.write(text))
     return path
 
 

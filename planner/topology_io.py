@@ -51,6 +51,7 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
+from .fileio import atomic_write
 from .catalog import known_products, lookup, make_device
 from .errors import TopologyError
 from .presets import IB_SWITCH, Fabric, Network, duplex, get_preset, inter_node_links, intra_node_links, is_preset, \
@@ -500,7 +501,7 @@ def save_topology(topo: DeviceTopology, path: str | Path) -> Path:
     text = json.dumps(doc, indent=2) + "\n" if p.suffix.lower() == ".json" else \
         yaml.safe_dump(doc, sort_keys=False, allow_unicode=True, width=120)
     try:
-        p.write_text(text)
+        atomic_write(p, lambda fh: fh.write(text))
     except OSError as e:
         raise TopologyError(f"cannot write topology file {p}: {e.strerror or e}") from e
     return p
