@@ -8,11 +8,23 @@ order is exactly (ready, key) — the same in full and delta simulation.
 from __future__ import annotations
 
 import math
+import os
+from array import array
 from heapq import heapify, heappop, heappush, heapreplace
 from itertools import islice
 
-from ._taskstore import TaskGraph, find_cycle
+from ._taskstore import KEY_FIELDS, TaskGraph, find_cycle
 from .errors import SimulationError
+
+try:  # the compiled pass; without Numba every simulation uses the Python loop below
+    import numpy as _np
+
+    from . import _fastpass
+except ImportError:  # pragma: no cover - numba is a declared dependency
+    _fastpass = None
+
+#: Set AUTOPAR_PURE_PYTHON=1 to time every task graph with the Python loop (the reference).
+PURE_PYTHON = os.environ.get("AUTOPAR_PURE_PYTHON", "") not in ("", "0")
 
 
 def check_resolution(g: TaskGraph, makespan: float) -> None:
@@ -31,8 +43,69 @@ def check_resolution(g: TaskGraph, makespan: float) -> None:
             f"at least {math.ulp(makespan)!r} s")
 
 
+def compiled(g: TaskGraph) -> bool:
+    """Will `timed_pass` use the compiled loop for `g`?"""
+    return not PURE_PYTHON and _fastpass is not None and g._compilable
+
+
+def timed_pass(g: TaskGraph, every: int = 0, python: bool = False):
+    """Algorithm 1 on `g`, compiled when possible: (ready, start, end, bind, order, last end per
+    resource index, checkpoint positions, checkpoint vectors) as lists, the checkpoints every
+    `every` tasks of the order (only position 0 when `every` is 0)."""
+    if not python and compiled(g):
+        return _compiled_pass(g, every)
+    rdy, st, en, bind, seq, last = full_pass(g)
+    if every:
+        pos, vecs = checkpoints(seq, en, g._rix, len(g._rlist), every)
+    else:
+        pos, vecs = [0], [[0.0] * len(g._rlist)]
+    return rdy, st, en, bind, seq, last, pos, vecs
+
+
+def _view(a: array, dtype):
+    return _np.frombuffer(a, dtype) if len(a) else _np.zeros(0, dtype)
+
+
+def _compiled_pass(g: TaskGraph, every: int):
+    if len(g._e_src) > 2 * g._nedges + 65536:
+        _compact_edges(g)
+    nres = len(g._rlist)
+    cap = len(g._key)
+    i64 = _np.int64
+    keys = _view(g._a_key, i64).reshape(cap, KEY_FIELDS)
+    step = every if every > 0 else max(cap, 1)
+    rdy, st, en, bind, seq, count, last, cnt, ck = _fastpass.full_pass_arrays(
+        _view(g._a_alive, _np.int8), _view(g._a_gen, i64), _view(g._a_dur, _np.float64),
+        _view(g._a_rix, i64), nres, keys, _view(g._e_src, i64), _view(g._e_dst, i64),
+        _view(g._e_gs, i64), _view(g._e_gd, i64), _view(g._e_alive, _np.int8), step)
+    if count != len(g._id):
+        rem = cnt.tolist()
+        start = next(i for i in g._id.values() if rem[i] > 0)
+        raise find_cycle(start, g._pred, lambda p: rem[p] > 0, g._key)
+    last = last.tolist()
+    check_resolution(g, max(last, default=0.0))
+    pos = list(range(0, max(count, 1), step)) if every else [0]
+    vecs = ck.tolist() if every else [[0.0] * nres]
+    return rdy.tolist(), st.tolist(), en.tolist(), bind.tolist(), seq.tolist(), last, pos, vecs
+
+
+def _compact_edges(g: TaskGraph) -> None:
+    """Drop dead records from the edge pool (it only grows between compactions)."""
+    i64 = _np.int64
+    src, dst = _view(g._e_src, i64), _view(g._e_dst, i64)
+    gs, gd, al = _view(g._e_gs, i64), _view(g._e_gd, i64), _view(g._e_alive, _np.int8)
+    ok = _fastpass.live_edges(_view(g._a_alive, _np.int8), _view(g._a_gen, i64), src, dst, gs, gd, al)
+    fresh = []
+    for a in (src, dst, gs, gd, al):
+        b = array(g._e_src.typecode if a.dtype == i64 else "b")
+        b.frombytes(_np.ascontiguousarray(a[ok]).tobytes())
+        fresh.append(b)
+    g._e_src, g._e_dst, g._e_gs, g._e_gd, g._e_alive = fresh
+
+
 def full_pass(g: TaskGraph):
-    """Algorithm 1 on `g`: returns (ready, start, end, bind, order, last end per resource index).
+    """Algorithm 1 on `g` in Python (the reference the compiled pass is tested against):
+    returns (ready, start, end, bind, order, last end per resource index).
 
     ``bind[t]`` is the predecessor whose completion made `t` ready — the last of its inputs to
     finish, in pop order (-1 without predecessors); delta simulation watches it.

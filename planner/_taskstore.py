@@ -7,11 +7,18 @@ per-task objects; adjacency is a `set` of ids per task, so edges can be added id
 removed in O(1).  Ids of removed tasks are recycled through a free list — except while a
 `DeltaSimulator` still needs the old task's key, resource and times to replay the old timeline;
 then the ids wait in `_held` until the simulator releases them.
+
+Next to the Python lists, the graph keeps flat `array.array` mirrors of what Algorithm 1 reads —
+durations, resource indices, keys padded to `KEY_FIELDS` fields, liveness and a generation per
+id, and an append-only pool of edges — so the compiled pass (`_fastpass`) reads them in place
+without converting 10^5 tasks per simulation.  A graph whose keys do not fit (longer than
+`KEY_FIELDS`, or a field beyond 62 bits) simply uses the Python pass.
 """
 
 from __future__ import annotations
 
 import math
+from array import array
 from dataclasses import dataclass
 from operator import index as _as_index
 from typing import Iterator
@@ -33,6 +40,13 @@ class TaskInfo:
 
 _is_int = int.__instancecheck__
 
+#: Key fields the compiled pass compares; longer keys make a graph use the Python pass.
+KEY_FIELDS = 8
+#: A missing key field: below every field a key may hold (lower fields make a graph use the
+#: Python pass), so a key sorts before its extensions, as Python orders tuples.
+KEY_PAD = -(1 << 62)
+_PADS = tuple((KEY_PAD,) * (KEY_FIELDS - n) for n in range(KEY_FIELDS + 1))
+
 
 def _check_duration(key, duration) -> float:
     d = float(duration)
@@ -49,7 +63,8 @@ class TaskGraph:
 
     __slots__ = ("_id", "_key", "_res", "_rix", "_dur", "_kind", "_nbytes", "_label",
                  "_pred", "_succ", "_free", "_held", "_hold", "_rindex", "_rlist",
-                 "_version", "_dmin")
+                 "_version", "_dmin", "_a_dur", "_a_rix", "_a_key", "_a_alive", "_a_gen",
+                 "_e_src", "_e_dst", "_e_gs", "_e_gd", "_e_alive", "_nedges", "_compilable")
 
     def __init__(self) -> None:
         self._id: dict[tuple, int] = {}      # key -> id of live tasks
@@ -63,12 +78,23 @@ class TaskGraph:
         self._pred: list[set[int]] = []
         self._succ: list[set[int]] = []
         self._free: list[int] = []
-        self._held: list[int] = []           # removed ids a DeltaSimulator still reads
+        self._held: dict[int, None] = {}     # removed ids a DeltaSimulator still reads (ordered set)
         self._hold = False
         self._rindex: dict[int, int] = {}    # resource -> dense index; never shrinks
         self._rlist: list[int] = []          # dense index -> resource
         self._version = 0                    # bumped by every edit; timelines and simulators check it
         self._dmin = math.inf                # lower bound of every duration ever set
+        # Flat mirrors for the compiled pass (module docstring).
+        self._a_dur = array("d")
+        self._a_rix = array("q")
+        self._a_key = array("q")             # KEY_FIELDS per id
+        self._a_alive = array("b")
+        self._a_gen = array("q")             # bumped when an id's task is removed
+        self._e_src, self._e_dst = array("q"), array("q")
+        self._e_gs, self._e_gd = array("q"), array("q")   # generations of src and dst at add time
+        self._e_alive = array("b")
+        self._nedges = 0                     # live edges
+        self._compilable = True
 
     # -- queries ---------------------------------------------------------------------------
     def __contains__(self, key) -> bool:
@@ -135,6 +161,11 @@ class TaskGraph:
             self._rlist.append(r)
         if d < self._dmin:
             self._dmin = d
+        if len(key) <= KEY_FIELDS and (not key or min(key) > KEY_PAD):
+            row = key + _PADS[len(key)]
+        else:
+            row = _PADS[0]
+            self._compilable = False
         if at >= 0 or self._free:
             i = at if at >= 0 else self._free.pop()
             self._key[i] = key
@@ -144,6 +175,13 @@ class TaskGraph:
             self._kind[i] = kind
             self._nbytes[i] = nbytes
             self._label[i] = label
+            self._a_dur[i] = d
+            self._a_rix[i] = rix
+            self._a_alive[i] = 1
+            try:
+                self._a_key[i * KEY_FIELDS:(i + 1) * KEY_FIELDS] = array("q", row)
+            except OverflowError:
+                self._compilable = False
         else:
             i = len(self._key)
             self._key.append(key)
@@ -155,6 +193,15 @@ class TaskGraph:
             self._label.append(label)
             self._pred.append(set())
             self._succ.append(set())
+            self._a_dur.append(d)
+            self._a_rix.append(rix)
+            self._a_alive.append(1)
+            self._a_gen.append(0)
+            try:
+                self._a_key.extend(row)
+            except OverflowError:
+                self._a_key.extend(_PADS[0])
+                self._compilable = False
         self._id[key] = i
         self._version += 1
         return i
@@ -171,9 +218,15 @@ class TaskGraph:
             succ[p].discard(i)
         for s in succ[i]:
             pred[s].discard(i)
+        self._nedges -= len(pred[i]) + len(succ[i])
+        self._a_alive[i] = 0
+        self._a_gen[i] += 1  # the pool's edges of this id die with it
         pred[i].clear()
         succ[i].clear()
-        (self._held if self._hold else self._free).append(i)
+        if self._hold:
+            self._held[i] = None
+        else:
+            self._free.append(i)
         self._version += 1
 
 
@@ -190,6 +243,13 @@ class TaskGraph:
         sa.add(b)
         self._pred[b].add(a)
         self._version += 1
+        self._nedges += 1
+        gen = self._a_gen
+        self._e_src.append(a)
+        self._e_dst.append(b)
+        self._e_gs.append(gen[a])
+        self._e_gd.append(gen[b])
+        self._e_alive.append(1)
         return True
 
     def remove_edge(self, src, dst) -> None:
@@ -202,6 +262,20 @@ class TaskGraph:
         sa.discard(b)
         self._pred[b].discard(a)
         self._version += 1
+        self._nedges -= 1
+        self._kill_pool_edge(a, b)
+
+    def _kill_pool_edge(self, a: int, b: int) -> None:
+        """Mark the pool's live record of edge a -> b removed (a rare edit: a vectorized scan)."""
+        import numpy as np
+        gen = self._a_gen
+        hit = np.flatnonzero((np.frombuffer(self._e_src, np.int64) == a)
+                             & (np.frombuffer(self._e_dst, np.int64) == b)
+                             & (np.frombuffer(self._e_gs, np.int64) == gen[a])
+                             & (np.frombuffer(self._e_gd, np.int64) == gen[b])
+                             & (np.frombuffer(self._e_alive, np.int8) != 0))
+        for e in hit.tolist():
+            self._e_alive[e] = 0
 
     def set_duration(self, key, duration) -> None:
         self._set_duration(self._ix(key), duration)
@@ -213,6 +287,7 @@ class TaskGraph:
         if d < self._dmin:
             self._dmin = d
         self._dur[i] = d
+        self._a_dur[i] = d
         self._version += 1
         return True
 

@@ -89,11 +89,12 @@ one whose timeline is known.
 
 from __future__ import annotations
 
+import math
 from itertools import repeat
 
 from ._batches import Batch, undoes
 from ._delta import delta_pass
-from ._replay import checkpoints, full_pass
+from ._replay import compiled, timed_pass
 from ._taskstore import TaskGraph, TaskInfo
 from ._timeline import Timeline, _Data
 
@@ -107,12 +108,17 @@ __all__ = ["TaskGraph", "TaskInfo", "Timeline", "simulate", "DeltaSimulator"]
 _REPLAY_FRACTION = 0.7
 _REPLAY_BUDGET = 0.1
 _REPLAY_MIN = 256
+#: With the compiled pass (`_fastpass`, some 20x cheaper per task than the Python replay) the
+#: replay runs in full only when at most this fraction of the graph lies after the cut — a late
+#: or local change — and otherwise on a budget of _REPLAY_MIN tasks, enough to catch a change
+#: absorbed right away.
+_REPLAY_FRACTION_COMPILED = 0.05
 
 
 def simulate(graph: TaskGraph) -> Timeline:
     """Algorithm 1: time `graph` from scratch.  The timeline is a snapshot (later edits of the
     graph do not affect it)."""
-    rdy, st, en, _, seq, last = full_pass(graph)
+    rdy, st, en, _, seq, last, _, _ = timed_pass(graph)
     data = _Data(dict(graph._id), list(graph._key), list(graph._res), list(graph._dur), rdy, st, en, seq)
     return Timeline._of(data, max(last, default=0.0))
 
@@ -132,14 +138,23 @@ class DeltaSimulator:
     before that batch is kept and comes back.  Both are recognized exactly (`planner._batches`):
     every task a batch touches is compared, resource and duration, before and after, and every
     edge it adds or removes is counted, by keys.
+
+    That recognition costs a little per edited edge.  A caller that knows when its batch restores
+    the graph from before the previous batch — `DeltaSession`, whose task graph is a function of
+    its strategy — passes ``track=False`` and says so with ``resimulate(restores=True)``; the
+    simulator then only checks that every task came back under its old id and that the task and
+    edge counts are those from before the previous batch.
     """
 
-    def __init__(self, graph: TaskGraph):
+    def __init__(self, graph: TaskGraph, track: bool = True):
         self._g = graph
+        self._tracking = track
+        self._grave_hits = 0             # tasks of this batch that took back an id of the previous one
+        self._counts = (len(graph), graph._nedges)  # tasks and edges when the last batch began
         graph._hold = True  # removed tasks stay readable until the replay has passed them
         self._seeds: set[int] = set()
         self._new: set[int] = set()
-        self._removed: list[int] = []
+        self._removed: dict[int, None] = {}  # ordered set: re-adding a key takes its id out in O(1)
         self._batch = Batch()            # net effect of the edits since the last simulation
         self._revive: dict = {}          # key -> id of an old task removed in this batch
         self._grave: dict = {}           # the same for the previous batch: ids kept for an undo
@@ -192,32 +207,35 @@ class DeltaSimulator:
         n = g._add(key, resource, duration, kind, nbytes, label, at)
         if at >= 0 and at == i:
             del self._revive[key]
-            g._held.remove(i)
-            self._removed.remove(i)
+            del g._held[i]
+            del self._removed[i]
             self._seeds.add(i)
         else:
             if at >= 0:
                 del self._grave[key]
+                self._grave_hits += 1
             self._new.add(n)
-        self._batch.absent(key)
+        if self._tracking:
+            self._batch.absent(key)
         self._seen = g._version
 
     def remove_task(self, key) -> None:
         self._track()
         g = self._g
         i = g._ix(key)
-        batch, k = self._batch, g._key
-        batch.touch(g, i)
-        for j in g._pred[i]:
-            batch.edge(k[j], key, -1)
         succ = list(g._succ[i])
-        for j in succ:
-            batch.edge(key, k[j], -1)
+        if self._tracking:
+            batch, k = self._batch, g._key
+            batch.touch(g, i)
+            for j in g._pred[i]:
+                batch.edge(k[j], key, -1)
+            for j in succ:
+                batch.edge(key, k[j], -1)
         g._remove(i)
         if i in self._new:
             self._new.discard(i)
         else:
-            self._removed.append(i)
+            self._removed[i] = None
             self._seeds.discard(i)
             self._revive[key] = i
         new = self._new
@@ -228,15 +246,20 @@ class DeltaSimulator:
         g = self._g
         if g._version != self._seen:
             self._untracked = True
-        a, b = g._ix(src), g._ix(dst)
+        ids = g._id
+        try:
+            a, b = ids[src], ids[dst]
+        except (KeyError, TypeError):
+            a, b = g._ix(src), g._ix(dst)
         if g._add_edge(a, b):
-            edges = self._batch.edges
-            e = (g._key[a], g._key[b])
-            n = edges.get(e, 0) + 1
-            if n:
-                edges[e] = n
-            else:
-                del edges[e]
+            if self._tracking:
+                edges = self._batch.edges
+                e = (g._key[a], g._key[b])
+                n = edges.get(e, 0) + 1
+                if n:
+                    edges[e] = n
+                else:
+                    del edges[e]
             if b not in self._new:
                 self._seeds.add(b)
         self._seen = g._version
@@ -246,7 +269,8 @@ class DeltaSimulator:
         g = self._g
         a, b = g._ix(src), g._ix(dst)
         g._remove_edge(a, b)
-        self._batch.edge(g._key[a], g._key[b], -1)
+        if self._tracking:
+            self._batch.edge(g._key[a], g._key[b], -1)
         if b not in self._new:
             self._seeds.add(b)
         self._seen = g._version
@@ -255,14 +279,18 @@ class DeltaSimulator:
         self._track()
         g = self._g
         i = g._ix(key)
-        self._batch.touch(g, i)
+        if self._tracking:
+            self._batch.touch(g, i)
         if g._set_duration(i, duration) and i not in self._new:
             self._seeds.add(i)
         self._seen = g._version
 
     # -- simulation --------------------------------------------------------------------------
-    def resimulate(self) -> Timeline:
-        """Re-time after the edits since the last call; returns the current timeline (a view)."""
+    def resimulate(self, restores: bool = False) -> Timeline:
+        """Re-time after the edits since the last call; returns the current timeline (a view).
+
+        ``restores=True`` (only without tracking): the caller vouches that the edits rebuilt the
+        graph from before the previous batch, key for key, duration for duration, edge for edge."""
         g = self._g
         self._track()
         if g._version == self._done:
@@ -272,11 +300,20 @@ class DeltaSimulator:
             self._full("graph edited directly" if self._untracked else "a previous pass failed")
             self._settle()
             return self.timeline()
+        if not self._tracking:
+            if restores and self._vouched_undo():
+                state, self._prev = self._prev[0], (self._state(), None, self._counts)
+                self._restore(state)
+                self.stats = {"mode": "undo", "tasks": len(g), "retimed": 0}
+            else:
+                self._step(None)
+            self._settle()
+            return self.timeline()
         diff = self._batch.net(g)
         if not (diff[0] or diff[1]):
             self.stats = {"mode": "unchanged", "tasks": len(g), "retimed": 0}
         elif self._is_undo(diff):
-            state, self._prev = self._prev[0], (self._state(), diff)
+            state, self._prev = self._prev[0], (self._state(), diff, self._counts)
             self._restore(state)
             self.stats = {"mode": "undo", "tasks": len(g), "retimed": 0}
         else:
@@ -286,10 +323,13 @@ class DeltaSimulator:
 
     def _step(self, diff: tuple) -> None:
         g = self._g
-        limit = _REPLAY_FRACTION * len(g)
-        # A replay on a budget that keeps running out is skipped, save for every 16th batch.
         self._batches += 1
-        budget = max(_REPLAY_MIN, _REPLAY_BUDGET * len(g))
+        if compiled(g) and _REPLAY_FRACTION < math.inf:
+            limit, budget = _REPLAY_FRACTION_COMPILED * len(g), _REPLAY_MIN
+        else:
+            limit = _REPLAY_FRACTION * len(g)
+            budget = max(_REPLAY_MIN, _REPLAY_BUDGET * len(g))
+        # A replay on a budget that keeps running out is skipped, save for every 16th batch.
         if self._misses >= 4 and self._batches % 16:
             budget = 0
         if len(self._new) > limit:
@@ -306,10 +346,17 @@ class DeltaSimulator:
                 if stats["budgeted"]:
                     self._misses = 0
                 self.stats = stats
-        self._prev = (prev, diff)
+        self._prev = (prev, diff, self._counts)
 
     def _is_undo(self, diff: tuple) -> bool:
         return self._prev is not None and undoes(self._g, diff, self._prev[1])
+
+    def _vouched_undo(self) -> bool:
+        """The cheap checks behind ``resimulate(restores=True)``: every task added in this batch
+        took back its id from the previous batch, and the counts are those from before it."""
+        g = self._g
+        return (self._prev is not None and len(self._new) == self._grave_hits
+                and (len(g), g._nedges) == self._prev[2])
 
     _FIELDS = ("_rdy", "_st", "_en", "_bind", "_sim", "_seq", "_ck_pos", "_ck_vec", "_final",
                "_makespan", "_every")
@@ -341,14 +388,13 @@ class DeltaSimulator:
 
     def _full(self, reason: str = "first simulation") -> None:
         g = self._g
-        rdy, st, en, bind, seq, last = full_pass(g)
+        nres = len(g._rlist)
+        self._every = max(256, 4 * nres)
+        rdy, st, en, bind, seq, last, self._ck_pos, self._ck_vec = timed_pass(g, self._every)
         self._rdy, self._st, self._en, self._bind, self._seq = rdy, st, en, bind, seq
         sim = [False] * len(g._key)
         any(map(sim.__setitem__, g._id.values(), repeat(True)))
         self._sim = sim
-        nres = len(g._rlist)
-        self._every = max(256, 4 * nres)
-        self._ck_pos, self._ck_vec = checkpoints(seq, en, g._rix, nres, self._every)
         self._final = last
         self._makespan = max(last, default=0.0)
         self._broken = False
@@ -364,6 +410,8 @@ class DeltaSimulator:
         g._free.extend(i for i in g._held if i not in kept)
         g._held.clear()
         self._grave, self._revive = self._revive, {}
+        self._grave_hits = 0
+        self._counts = (len(g), g._nedges)
         self._batch = Batch()
         self._seeds.clear()
         self._new.clear()
