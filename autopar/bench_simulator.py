@@ -1,8 +1,11 @@
 """`autopar bench simulator`: full against delta simulation (FlexFlow sec. 5.2–5.3, 8.3).
 
 For each (model, topology) the benchmark starts from data parallelism and makes random one-op
-changes — what an MCMC proposal does (sec. 6.2): a random op gets a random configuration (random
-degrees, random devices) — and undoes each one afterwards, as MCMC does with a rejected proposal,
+changes — what an MCMC proposal does (sec. 6.2): a random op gets a random configuration drawn as
+the search draws it (`search.mcmc.SoapSpace`: random degrees on a random aligned block of
+devices, as FlexFlow's implementation draws them, or one task moved to another device; with
+``--uniform-placements`` every task on a uniformly random device instead, which on 64 GPUs sends
+almost every tensor across nodes) — and undoes each one afterwards, as MCMC does with a rejected proposal,
 so every change is measured against a realistic strategy rather than an ever more random one.
 Every change and every undo is applied with delta simulation (`DeltaSession.change`: update the
 task graph for that op, re-time incrementally) and timed.  `delta_ms` is the mean over changes and
@@ -32,7 +35,8 @@ from autopar.planner.cost import CostModel
 from autopar.planner.fx_import import import_spec
 from autopar.planner.presets import get_preset
 from autopar.planner.simulator import simulate
-from autopar.planner.strategy import data_parallel, random_config
+from autopar.planner.search.mcmc import SoapSpace
+from autopar.planner.strategy import data_parallel
 from autopar.planner.taskgraph import DeltaSession, TaskGraphBuilder, simulate_strategy
 
 from ._common import load_model_for_planning
@@ -47,12 +51,14 @@ def _log(progress: bool, msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
 
-def bench_row(model: str, topology: str, moves: int, fulls: int, seed: int, progress: bool = False) -> dict[str, Any]:
+def bench_row(model: str, topology: str, moves: int, fulls: int, seed: int, progress: bool = False,
+              uniform: bool = False) -> dict[str, Any]:
     graph = import_spec(load_model_for_planning(model))
     topo = get_preset(topology)
     builder = TaskGraphBuilder(graph, topo, CostModel().bind(graph))
     rng = random.Random(seed)
     base = data_parallel(graph, topo.num_devices)
+    space = SoapSpace(topo.num_devices, uniform=uniform)
     session = DeltaSession(builder, base)
     tasks = len(session.sim.graph)
     every = max(1, moves // max(1, fulls))
@@ -64,7 +70,7 @@ def bench_row(model: str, topology: str, moves: int, fulls: int, seed: int, prog
     for m in range(1, moves + 1):
         op = rng.choice(ops)
         old = session.strategy[op.name]
-        cfg = random_config(op, topo.num_devices, rng)
+        cfg = space.random(op, rng, old)
         t0 = time.perf_counter()
         session.change(op.name, cfg)
         delta_s.append(time.perf_counter() - t0)
@@ -111,17 +117,20 @@ def data_parallel_row(model: str, topology: str = "p100-4x4") -> dict[str, Any]:
     }
 
 
-def run_simulator_bench(quick: bool = False, seed: int = 0, progress: bool = False) -> dict[str, Any]:
+def run_simulator_bench(quick: bool = False, seed: int = 0, progress: bool = False,
+                        uniform: bool = False) -> dict[str, Any]:
     moves, fulls = (30, 3) if quick else (200, 8)
     rows = []
     for model, topology in ROWS:
         _log(progress, f"{model} on {topology} …")
-        rows.append(bench_row(model, topology, moves, fulls, seed, progress))
+        rows.append(bench_row(model, topology, moves, fulls, seed, progress, uniform))
     dp = []
     for model in DP_MODELS:
         _log(progress, f"data parallel {model} on p100-4x4 …")
         dp.append(data_parallel_row(model))
-    return {"rows": rows, "data_parallel": dp, "settings": {"moves": moves, "full_samples": fulls, "seed": seed}}
+    return {"rows": rows, "data_parallel": dp, "settings": {
+        "moves": moves, "full_samples": fulls, "seed": seed,
+        "placements": "uniform" if uniform else "search proposals (aligned blocks, task moves)"}}
 
 
 def print_table(doc: dict[str, Any]) -> None:

@@ -86,6 +86,9 @@ def _build_parser() -> argparse.ArgumentParser:
     b.add_argument("--json", action="store_true", help="JSON on stdout")
     b.add_argument("--quick", action="store_true", help="smaller settings for a 2-core machine")
     b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--uniform-placements", action="store_true",
+                   help="simulator: draw changes with uniformly random device placements instead of the "
+                        "search's proposals (random degrees on aligned device blocks, or one task moved)")
     b.set_defaults(func=_cmd_bench)
 
     m = sub.add_parser("models", help="list the zoo models and their options")
@@ -132,7 +135,8 @@ def _cmd_bench(args) -> int:
     from ._common import emit_json
     if args.which == "simulator":
         from .bench_simulator import print_table, run_simulator_bench
-        doc = run_simulator_bench(quick=args.quick, seed=args.seed, progress=not args.json)
+        doc = run_simulator_bench(quick=args.quick, seed=args.seed, progress=not args.json,
+                                  uniform=args.uniform_placements)
     elif args.which == "search":
         from autopar.planner.search.bench import bench_table, run_search_bench
         doc = run_search_bench(quick=args.quick, seed=args.seed, progress=not args.json)

@@ -214,6 +214,39 @@ def enumerate_configs(op: Op, num_devices: int) -> list[ParallelConfig]:
     return out
 
 
+def block_config(op: Op, num_devices: int, rng: random.Random) -> ParallelConfig:
+    """FlexFlow's random configuration as its implementation draws it: random degrees (uniform
+    over the allowed vectors), the tasks on a block of consecutive devices starting at a random
+    device, the start rounded down to a multiple of the non-sample degrees so that the tasks
+    sharing a sample range sit in one aligned block (on a node, when the node is that large).
+    Consecutive ids share a node in every preset, so this is the placement a hierarchy favours;
+    other placements are reached by `placement_move`."""
+    degrees = rng.choice(degree_choices(op, num_devices))
+    k = inner = 1
+    for p, d in zip(op.pardims, degrees):
+        k *= d
+        if p.kind is not DimKind.SAMPLE:
+            inner *= d
+    start = rng.randrange(num_devices - k + 1)
+    start -= start % inner
+    return ParallelConfig(degrees, tuple(range(start, start + k)))
+
+
+def placement_move(cfg: ParallelConfig, num_devices: int, rng: random.Random) -> ParallelConfig:
+    """The same degrees with one task moved: to a device the op does not use, or swapped with
+    another of its tasks.  Symmetric (the reverse move has the same probability); with
+    `block_config` it reaches every placement."""
+    devs = list(cfg.devices)
+    t = rng.randrange(len(devs))
+    d = rng.randrange(num_devices)
+    if d in devs:
+        u = devs.index(d)
+        devs[t], devs[u] = devs[u], devs[t]
+    else:
+        devs[t] = d
+    return ParallelConfig(cfg.degrees, tuple(devs))
+
+
 def random_config(op: Op, num_devices: int, rng: random.Random) -> ParallelConfig:
     """A random configuration: random degrees (uniform over allowed vectors), random distinct
     devices for the tasks (FlexFlow sec. 6.2's proposal draws a configuration at random)."""

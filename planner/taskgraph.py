@@ -324,14 +324,20 @@ class DeltaSession:
     """A strategy under incremental change: `change(op, cfg)` edits only the tasks that op's
     configuration decides — its own compute tasks, the transfers on its input and output edges,
     the synchronization and updates of its parameters — and re-times the timeline with delta
-    simulation (FlexFlow sec. 5.3, Algorithm 2; see `planner.simulator`)."""
+    simulation (FlexFlow sec. 5.3, Algorithm 2; see `planner.simulator`).
+
+    The task graph is a function of the strategy (keys never depend on the order of edits), so a
+    change that brings back the strategy from before the previous change — a rejected proposal
+    taken back — restores the graph from before it exactly, and the session tells the simulator
+    so instead of having it compare every edited edge."""
 
     def __init__(self, builder: TaskGraphBuilder, strategy: Strategy):
         self.builder = builder
         strategy.validate(builder.graph, builder.num_devices)
         self.strategy = strategy
+        self._before: tuple | None = None  # configs before the last change
         self._owned: dict[tuple, list] = {}
-        self.sim = DeltaSimulator(TaskGraph())
+        self.sim = DeltaSimulator(TaskGraph(), track=False)
         g = builder.graph
         for i, op in enumerate(g.ops):
             self._owned[("op", i)] = builder._add_op(self.sim, i, op, strategy[op.name])
@@ -351,27 +357,49 @@ class DeltaSession:
 
     def change(self, op_name: str, cfg: ParallelConfig) -> float:
         """Apply a new configuration for one op; return the new simulated step time."""
+        return self.change_many({op_name: cfg})
+
+    def change_many(self, changes: dict[str, ParallelConfig]) -> float:
+        """New configurations for several ops at once: every affected task group is rebuilt,
+        then one delta simulation re-times the step.  Returns the new simulated step time."""
         b = self.builder
         g = b.graph
-        op = g[op_name]
-        check_config(op, cfg, b.num_devices)
-        i = g.index[op_name]
-        groups = [("edge", i, j) for j in range(len(op.inputs))]
-        groups += [("edge", g.index[c], j) for c, j, _ in g.consumers[op_name]]
-        params = list(dict.fromkeys(p.name for p in op.params))
-        owners = [("op", i)] + groups + [("param", p) for p in params]
-        for owner in owners:
+        strategy = self.strategy
+        ops: dict[int, None] = {}
+        edges: dict[tuple, None] = {}
+        params: dict[str, None] = {}
+        for name, cfg in changes.items():
+            op = g[name]
+            check_config(op, cfg, b.num_devices)
+            if strategy[name] == cfg:
+                continue
+            i = g.index[name]
+            ops[i] = None
+            for j in range(len(op.inputs)):
+                edges[("edge", i, j)] = None
+            for c, j, _ in g.consumers[name]:
+                edges[("edge", g.index[c], j)] = None
+            for p in op.params:
+                params[p.name] = None
+            strategy = strategy.with_config(name, cfg)
+        if not ops:
+            return self.sim.makespan
+        sim = self.sim
+        for owner in [("op", i) for i in ops] + list(edges) + [("param", p) for p in params]:
             for k in self._owned.pop(owner, ()):
-                self.sim.remove_task(k)
-        self.strategy = self.strategy.with_config(op_name, cfg)
-        self._owned[("op", i)] = b._add_op(self.sim, i, op, cfg)
-        for owner in groups:
+                sim.remove_task(k)
+        restores = strategy.configs == self._before
+        self._before = self.strategy.configs
+        self.strategy = strategy
+        for i in ops:
+            self._owned[("op", i)] = b._add_op(sim, i, g.ops[i], strategy.configs[i])
+        for owner in edges:
             ci, j = owner[1], owner[2]
-            self._owned[owner] = b._add_edge_group(self.sim, self.strategy, ci, g.ops[ci], j)
+            self._owned[owner] = b._add_edge_group(sim, strategy, ci, g.ops[ci], j)
         for p in params:
-            self._owned[("param", p)] = b._add_param_group(self.sim, self.strategy, p)
-        self.sim.resimulate()
-        return self.sim.makespan
+            self._owned[("param", p)] = b._add_param_group(sim, strategy, p)
+        sim.resimulate(restores=restores)
+        return sim.makespan
 
 
 def _prod(xs) -> int:

@@ -180,7 +180,7 @@ class PlacementSpace:
     def __init__(self, num_devices: int):
         self.num_devices = num_devices
 
-    def random(self, op: Op, rng: random.Random) -> ParallelConfig:
+    def random(self, op: Op, rng: random.Random, current: ParallelConfig | None = None) -> ParallelConfig:
         return ParallelConfig((1,) * len(op.pardims), (rng.randrange(self.num_devices),))
 
     def contains(self, op: Op, cfg: ParallelConfig) -> bool:

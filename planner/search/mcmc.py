@@ -8,10 +8,12 @@ overflow / capacity)``) so a chain can walk out of an infeasible start, and it i
 as the best.  Peak memory is kept incrementally (`_memtrack`).
 
 Proposal (sec. 6.2).  Pick an op uniformly at random and replace its configuration by a random
-one from the space: `SoapSpace` (degrees uniform over the allowed vectors, distinct devices
-uniform — `strategy.random_config`) or `experts.PlacementSpace` (REINFORCE's placement-only
-space).  Each op's configurations are drawn with the same probability whatever the current one
-is, so the proposal is symmetric.
+one from the space: `SoapSpace` (FlexFlow's random configuration — random degrees on a random
+aligned block of devices, as FlexFlow's implementation draws it — or a placement move of one
+task; see `SoapSpace`) or `experts.PlacementSpace` (REINFORCE's placement-only space).
+Placement moves are symmetric; a fresh random configuration is drawn independently of the
+current one, with a probability that depends on its degrees, so like FlexFlow we accept with the
+symmetric-proposal rule below and the chain is a search guided by eq. 1, not an exact sampler.
 
 Acceptance (sec. 6.1, eq. 2, Metropolis–Hastings with a symmetric proposal): accept with
 probability ``min(1, exp(beta * (cost_old - cost_new)))``.  ``beta`` is set per chain as
@@ -28,7 +30,7 @@ shape, with probability `layer_move_prob` the random configuration is given to a
 once (FlexFlow's Figure 14 shows exactly such per-layer choices).  Such a move is not reversible
 in one step when the steps had different configurations, so the chain no longer samples eq. 1
 exactly; as a search it only adds moves.  The edits of a layer move are re-simulated together
-(`change_many`), one delta simulation per proposal.
+(`DeltaSession.change_many`), one delta simulation per proposal.
 
 Reproducibility: all randomness comes from the `random.Random` passed in, so the sequence of
 proposals and decisions is a function of the seed; a time budget only decides how far along it a
@@ -46,7 +48,7 @@ from typing import Callable
 
 from ..errors import SimulationError
 from ..graph import Op, OperatorGraph
-from ..strategy import ParallelConfig, Strategy, check_config, random_config
+from ..strategy import ParallelConfig, Strategy, block_config, placement_move, random_config
 from ..taskgraph import DeltaSession, TaskGraphBuilder
 from ._memtrack import MemoryTracker
 
@@ -76,56 +78,30 @@ def layers_of(graph: OperatorGraph) -> dict[str, tuple[str, ...]]:
     return {m: tuple(g) for g in groups.values() if len(g) > 1 for m in g}
 
 
-def change_many(session: DeltaSession, changes: dict[str, ParallelConfig]) -> float:
-    """`DeltaSession.change` for several ops at once: every affected task group is rebuilt, then
-    one delta simulation re-times the step (instead of one per op)."""
-    b = session.builder
-    g = b.graph
-    if len(changes) == 1:
-        (name, cfg), = changes.items()
-        return session.change(name, cfg)
-    owners: dict[tuple, None] = {}
-    edges: dict[tuple, None] = {}
-    params: dict[str, None] = {}
-    strategy = session.strategy
-    for name, cfg in changes.items():
-        op = g[name]
-        check_config(op, cfg, b.num_devices)
-        i = g.index[name]
-        owners[("op", i)] = None
-        for j in range(len(op.inputs)):
-            edges[("edge", i, j)] = None
-        for c, j, _ in g.consumers[name]:
-            edges[("edge", g.index[c], j)] = None
-        for p in op.params:
-            params[p.name] = None
-        strategy = strategy.with_config(name, cfg)
-    for owner in list(owners) + list(edges) + [("param", p) for p in params]:
-        for k in session._owned.pop(owner, ()):
-            session.sim.remove_task(k)
-    session.strategy = strategy
-    for name, cfg in changes.items():
-        i = g.index[name]
-        session._owned[("op", i)] = b._add_op(session.sim, i, g.ops[i], cfg)
-    for owner in edges:
-        ci, j = owner[1], owner[2]
-        session._owned[owner] = b._add_edge_group(session.sim, strategy, ci, g.ops[ci], j)
-    for p in params:
-        session._owned[("param", p)] = b._add_param_group(session.sim, strategy, p)
-    session.sim.resimulate()
-    return session.sim.makespan
-
-
 class SoapSpace:
-    """The whole SOAP space: any degrees, any distinct devices (FlexFlow sec. 4)."""
+    """The whole SOAP space: any degrees, any distinct devices (FlexFlow sec. 4).
+
+    A proposal is, with probability `move_prob`, a placement move of the op's current
+    configuration (one task to another device) and otherwise a FlexFlow random configuration
+    (random degrees on a random aligned block of devices, `strategy.block_config`); together they
+    reach every configuration.  Uniformly
+    random placements (`uniform=True`, `strategy.random_config`) scatter
+    an op's tasks over the machine: on 64 GPUs almost every proposal then sends its tensors
+    across nodes and is rejected, after costing a simulation of ten thousand transfer tasks."""
 
     name = "soap"
 
-    def __init__(self, num_devices: int):
+    def __init__(self, num_devices: int, move_prob: float = 0.25, uniform: bool = False):
         self.num_devices = num_devices
+        self.move_prob = move_prob
+        self.uniform = uniform
 
-    def random(self, op: Op, rng: random.Random) -> ParallelConfig:
-        return random_config(op, self.num_devices, rng)
+    def random(self, op: Op, rng: random.Random, current: ParallelConfig | None = None) -> ParallelConfig:
+        if self.uniform:
+            return random_config(op, self.num_devices, rng)
+        if current is not None and rng.random() < self.move_prob:
+            return placement_move(current, self.num_devices, rng)
+        return block_config(op, self.num_devices, rng)
 
 
 def accept(cost_old: float, cost_new: float, beta: float, rng: random.Random) -> bool:
@@ -206,7 +182,7 @@ def run_chain(builder: TaskGraphBuilder, start: Strategy, *, budget_s: float, rn
             on_progress(elapsed, res.best_time)
             last_report = elapsed
         op = ops[rng.randrange(len(ops))]
-        new_cfg = space.random(op, rng)
+        new_cfg = space.random(op, rng, pending.get(op.name, session.strategy[op.name]))
         members = layers.get(op.name)
         if members is not None and rng.random() < layer_move_prob:
             changes = {m: new_cfg for m in members}
@@ -221,7 +197,7 @@ def run_chain(builder: TaskGraphBuilder, start: Strategy, *, budget_s: float, rn
             continue
         edits = {**pending, **changes}
         try:
-            step = change_many(session, edits)
+            step = session.change_many(edits)
         except (SimulationError, StopIteration) as e:
             # Delta simulation failed on this edit: rebuild the timeline from scratch (counted,
             # and reported by the planner, so the failure is not hidden).

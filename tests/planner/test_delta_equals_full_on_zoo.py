@@ -50,10 +50,17 @@ def _walk(model: str, topology: str, changes: int, seed: int) -> int:
     rng = random.Random(seed)
     for step in range(changes):
         op = rng.choice(graph.ops)
+        old = session.strategy[op.name]
         session.change(op.name, random_config(op, topo.num_devices, rng))
         full = simulate(builder.build(session.strategy))
         assert session.timeline().same_as(full), f"{model} on {topology}: timelines differ after change {step} ({op.name})"
         assert session.step_time == full.makespan
+        if rng.random() < 0.3 and session.strategy[op.name] != old:
+            # Taken back, as a rejected proposal: the old timeline comes back without simulating.
+            session.change(op.name, old)
+            assert session.sim.stats["mode"] == "undo"
+            full = simulate(builder.build(session.strategy))
+            assert session.timeline().same_as(full), f"{model} on {topology}: undo {step} ({op.name}) differs"
     return changes
 
 

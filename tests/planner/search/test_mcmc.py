@@ -108,7 +108,7 @@ def test_a_strategy_that_does_not_fit_is_never_reported_as_best():
 def test_a_layer_move_re_simulates_to_what_full_simulation_says():
     graph = rnn(steps=3)
     b = TaskGraphBuilder(graph, get_preset("p100-1x4"), CostModel())
-    from autopar.planner.search.mcmc import change_many, layers_of
+    from autopar.planner.search.mcmc import layers_of
     from autopar.planner.taskgraph import DeltaSession
     session = DeltaSession(b, data_parallel(graph, 4))
     cells = layers_of(graph)[next(op.name for op in graph.ops if op.kind == "lstm_cell")]
@@ -116,6 +116,6 @@ def test_a_layer_move_re_simulates_to_what_full_simulation_says():
     rng = random.Random(4)
     for _ in range(5):
         cfg = random_config(graph[cells[0]], 4, rng)
-        step = change_many(session, {c: cfg for c in cells})
+        step = session.change_many({c: cfg for c in cells})
         full, _, _ = simulate_strategy(b, session.strategy)
         assert step == full.step_time and all(session.strategy[c] == cfg for c in cells)
