@@ -101,6 +101,7 @@ def _compact_edges(g: TaskGraph) -> None:
         b.frombytes(_np.ascontiguousarray(a[ok]).tobytes())
         fresh.append(b)
     g._e_src, g._e_dst, g._e_gs, g._e_gd, g._e_alive = fresh
+    g._compactions += 1
 
 
 def full_pass(g: TaskGraph):

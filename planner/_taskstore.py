@@ -64,7 +64,8 @@ class TaskGraph:
     __slots__ = ("_id", "_key", "_res", "_rix", "_dur", "_kind", "_nbytes", "_label",
                  "_pred", "_succ", "_free", "_held", "_hold", "_rindex", "_rlist",
                  "_version", "_dmin", "_a_dur", "_a_rix", "_a_key", "_a_alive", "_a_gen",
-                 "_e_src", "_e_dst", "_e_gs", "_e_gd", "_e_alive", "_nedges", "_compilable")
+                 "_e_src", "_e_dst", "_e_gs", "_e_gd", "_e_alive", "_nedges", "_compilable",
+                 "_gseq", "_journal", "_compactions")
 
     def __init__(self) -> None:
         self._id: dict[tuple, int] = {}      # key -> id of live tasks
@@ -95,6 +96,10 @@ class TaskGraph:
         self._e_alive = array("b")
         self._nedges = 0                     # live edges
         self._compilable = True
+        self._gseq = 0                       # generations are never reused: a revived id's old
+        #                                      edge records become live again, no others do
+        self._journal: list | None = None    # edits since the simulator's last batch (rollback)
+        self._compactions = 0                # edge-pool compactions (they renumber pool records)
 
     # -- queries ---------------------------------------------------------------------------
     def __contains__(self, key) -> bool:
@@ -178,6 +183,8 @@ class TaskGraph:
             self._a_dur[i] = d
             self._a_rix[i] = rix
             self._a_alive[i] = 1
+            self._gseq += 1
+            self._a_gen[i] = self._gseq
             try:
                 self._a_key[i * KEY_FIELDS:(i + 1) * KEY_FIELDS] = array("q", row)
             except OverflowError:
@@ -196,7 +203,8 @@ class TaskGraph:
             self._a_dur.append(d)
             self._a_rix.append(rix)
             self._a_alive.append(1)
-            self._a_gen.append(0)
+            self._gseq += 1
+            self._a_gen.append(self._gseq)
             try:
                 self._a_key.extend(row)
             except OverflowError:
@@ -204,6 +212,8 @@ class TaskGraph:
                 self._compilable = False
         self._id[key] = i
         self._version += 1
+        if self._journal is not None:
+            self._journal.append((0, i))
         return i
 
     def remove_task(self, key) -> None:
@@ -212,17 +222,21 @@ class TaskGraph:
     def _remove(self, i: int) -> None:
         """Drop task `i` and its edges.  Its key, resource and duration stay readable until the id
         is reused, which a holding simulator defers (`_held`)."""
-        del self._id[self._key[i]]
+        key = self._key[i]
+        del self._id[key]
         succ, pred = self._succ, self._pred
-        for p in pred[i]:
+        ps, ss = pred[i], succ[i]
+        for p in ps:
             succ[p].discard(i)
-        for s in succ[i]:
+        for s in ss:
             pred[s].discard(i)
-        self._nedges -= len(pred[i]) + len(succ[i])
-        self._a_alive[i] = 0
-        self._a_gen[i] += 1  # the pool's edges of this id die with it
-        pred[i].clear()
-        succ[i].clear()
+        self._nedges -= len(ps) + len(ss)
+        self._a_alive[i] = 0  # the pool's edges of this id die with it (alive and generation)
+        pred[i] = set()
+        succ[i] = set()
+        if self._journal is not None:
+            self._journal.append((1, i, key, self._res[i], self._rix[i], self._dur[i], self._kind[i],
+                                  self._nbytes[i], self._label[i], self._a_gen[i], ps, ss))
         if self._hold:
             self._held[i] = None
         else:
@@ -245,6 +259,8 @@ class TaskGraph:
         self._version += 1
         self._nedges += 1
         gen = self._a_gen
+        if self._journal is not None:
+            self._journal.append((2, a, b, len(self._e_src)))
         self._e_src.append(a)
         self._e_dst.append(b)
         self._e_gs.append(gen[a])
@@ -263,9 +279,11 @@ class TaskGraph:
         self._pred[b].discard(a)
         self._version += 1
         self._nedges -= 1
-        self._kill_pool_edge(a, b)
+        killed = self._kill_pool_edge(a, b)
+        if self._journal is not None:
+            self._journal.append((3, a, b, killed))
 
-    def _kill_pool_edge(self, a: int, b: int) -> None:
+    def _kill_pool_edge(self, a: int, b: int) -> list[int]:
         """Mark the pool's live record of edge a -> b removed (a rare edit: a vectorized scan)."""
         import numpy as np
         gen = self._a_gen
@@ -274,8 +292,10 @@ class TaskGraph:
                              & (np.frombuffer(self._e_gs, np.int64) == gen[a])
                              & (np.frombuffer(self._e_gd, np.int64) == gen[b])
                              & (np.frombuffer(self._e_alive, np.int8) != 0))
-        for e in hit.tolist():
+        killed = hit.tolist()
+        for e in killed:
             self._e_alive[e] = 0
+        return killed
 
     def set_duration(self, key, duration) -> None:
         self._set_duration(self._ix(key), duration)
@@ -286,10 +306,65 @@ class TaskGraph:
             return False
         if d < self._dmin:
             self._dmin = d
+        if self._journal is not None:
+            self._journal.append((4, i, self._dur[i]))
         self._dur[i] = d
         self._a_dur[i] = d
         self._version += 1
         return True
+
+    def _rollback(self, journal: list) -> None:
+        """Undo the edits `journal` recorded, newest first: the graph becomes what it was, every
+        task under its old id.  Ids of undone additions are dead afterwards; the caller rebuilds
+        the free list (`_free_dead`)."""
+        ids, key_, pred, succ = self._id, self._key, self._pred, self._succ
+        alive, e_alive = self._a_alive, self._e_alive
+        self._journal = None
+        for entry in reversed(journal):
+            op, i = entry[0], entry[1]
+            if op == 2:      # an edge added
+                b = entry[2]
+                succ[i].discard(b)
+                pred[b].discard(i)
+                e_alive[entry[3]] = 0
+                self._nedges -= 1
+            elif op == 0:    # a task added (its edges are gone already)
+                del ids[key_[i]]
+                alive[i] = 0
+                self._held.pop(i, None)
+            elif op == 1:    # a task removed
+                _, _, key, res, rix, dur, kind, nbytes, label, gen, ps, ss = entry
+                key_[i], self._res[i], self._rix[i], self._dur[i] = key, res, rix, dur
+                self._kind[i], self._nbytes[i], self._label[i] = kind, nbytes, label
+                self._a_dur[i], self._a_rix[i], self._a_gen[i] = dur, rix, gen
+                if len(key) <= KEY_FIELDS and (not key or min(key) > KEY_PAD):
+                    self._a_key[i * KEY_FIELDS:(i + 1) * KEY_FIELDS] = array("q", key + _PADS[len(key)])
+                alive[i] = 1
+                ids[key] = i
+                pred[i], succ[i] = ps, ss
+                for p in ps:
+                    succ[p].add(i)
+                for x in ss:
+                    pred[x].add(i)
+                self._nedges += len(ps) + len(ss)
+                self._held.pop(i, None)
+            elif op == 3:    # an edge removed
+                b = entry[2]
+                succ[i].add(b)
+                pred[b].add(i)
+                for e in entry[3]:
+                    e_alive[e] = 1
+                self._nedges += 1
+            else:            # a duration changed
+                self._dur[i] = self._a_dur[i] = entry[2]
+        self._version += 1
+
+    def _free_dead(self) -> None:
+        """The free list becomes every dead id (after a rollback)."""
+        import numpy as np
+        alive = np.frombuffer(self._a_alive, np.int8) if len(self._a_alive) else np.zeros(0, np.int8)
+        self._free = np.flatnonzero(alive == 0).tolist()[::-1]
+        self._held.clear()
 
     def __repr__(self) -> str:
         return f"TaskGraph({len(self._id)} tasks, {len(self._rlist)} resources)"

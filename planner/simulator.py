@@ -96,6 +96,7 @@ from ._batches import Batch, undoes
 from ._delta import delta_pass
 from ._replay import compiled, timed_pass
 from ._taskstore import TaskGraph, TaskInfo
+from .errors import SimulationError
 from ._timeline import Timeline, _Data
 
 __all__ = ["TaskGraph", "TaskInfo", "Timeline", "simulate", "DeltaSimulator"]
@@ -151,6 +152,9 @@ class DeltaSimulator:
         self._tracking = track
         self._grave_hits = 0             # tasks of this batch that took back an id of the previous one
         self._counts = (len(graph), graph._nedges)  # tasks and edges when the last batch began
+        graph._journal = []              # the graph records every edit, so a batch can be rolled back
+        self._last_journal = None        # the edits of the last simulated batch
+        self._compactions = graph._compactions
         graph._hold = True  # removed tasks stay readable until the replay has passed them
         self._seeds: set[int] = set()
         self._new: set[int] = set()
@@ -311,6 +315,7 @@ class DeltaSimulator:
             return self.timeline()
         diff = self._batch.net(g)
         if not (diff[0] or diff[1]):
+            self._prev = (self._state(), diff, self._counts)  # a rollback keeps this timeline
             self.stats = {"mode": "unchanged", "tasks": len(g), "retimed": 0}
         elif self._is_undo(diff):
             state, self._prev = self._prev[0], (self._state(), diff, self._counts)
@@ -350,6 +355,29 @@ class DeltaSimulator:
 
     def _is_undo(self, diff: tuple) -> bool:
         return self._prev is not None and undoes(self._g, diff, self._prev[1])
+
+    def can_rollback(self) -> bool:
+        """Can `rollback()` take back the last simulated batch?"""
+        return (self._last_journal is not None and self._prev is not None
+                and self._g._version == self._done)
+
+    def rollback(self) -> Timeline:
+        """Take back the last simulated batch: the graph's edits are undone from its journal
+        (every task back under its old id) and the timeline from before the batch returns — no
+        task-graph building, no simulation.  A search calls this for a rejected proposal."""
+        if not self.can_rollback():
+            raise SimulationError(
+                "nothing to roll back: rollback() takes back the last simulated batch, once, and only "
+                "before new edits (and not after the graph was edited behind the simulator's back)")
+        g = self._g
+        g._rollback(self._last_journal)
+        g._free_dead()
+        self._restore(self._prev[0])
+        self._prev = self._last_journal = None
+        self._grave, self._revive = {}, {}
+        self._settle()
+        self.stats = {"mode": "rollback", "tasks": len(g), "retimed": 0}
+        return self.timeline()
 
     def _vouched_undo(self) -> bool:
         """The cheap checks behind ``resimulate(restores=True)``: every task added in this batch
@@ -410,6 +438,12 @@ class DeltaSimulator:
         g._free.extend(i for i in g._held if i not in kept)
         g._held.clear()
         self._grave, self._revive = self._revive, {}
+        # The journal of this batch is kept for a rollback while the timeline from before it is
+        # kept and the edge pool was not renumbered meanwhile.
+        ok = self._prev is not None and g._compactions == self._compactions and g._journal is not None
+        self._last_journal = g._journal if ok else None
+        g._journal = []
+        self._compactions = g._compactions
         self._grave_hits = 0
         self._counts = (len(g), g._nedges)
         self._batch = Batch()

@@ -336,6 +336,7 @@ class DeltaSession:
         strategy.validate(builder.graph, builder.num_devices)
         self.strategy = strategy
         self._before: tuple | None = None  # configs before the last change
+        self._replaced: dict[tuple, list] = {}  # the task keys that change replaced, per owner
         self._owned: dict[tuple, list] = {}
         self.sim = DeltaSimulator(TaskGraph(), track=False)
         g = builder.graph
@@ -385,10 +386,21 @@ class DeltaSession:
         if not ops:
             return self.sim.makespan
         sim = self.sim
-        for owner in [("op", i) for i in ops] + list(edges) + [("param", p) for p in params]:
-            for k in self._owned.pop(owner, ()):
-                sim.remove_task(k)
         restores = strategy.configs == self._before
+        if restores and sim.can_rollback():
+            # The previous change taken back (a rejected proposal): undo its edits from the
+            # simulator's journal and bring back the timeline from before it.
+            sim.rollback()
+            self._owned.update(self._replaced)
+            self._before, self._replaced = None, {}
+            self.strategy = strategy
+            return sim.makespan
+        replaced = {}
+        for owner in [("op", i) for i in ops] + list(edges) + [("param", p) for p in params]:
+            keys = replaced[owner] = self._owned.pop(owner, ())
+            for k in keys:
+                sim.remove_task(k)
+        self._replaced = replaced
         self._before = self.strategy.configs
         self.strategy = strategy
         for i in ops:

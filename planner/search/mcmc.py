@@ -165,7 +165,6 @@ def run_chain(builder: TaskGraphBuilder, start: Strategy, *, budget_s: float, rn
     last_report = -1.0
     if fits:
         res.trace.append((0.0, res.best_time))
-    pending: dict[str, ParallelConfig] = {}  # a rejected proposal not yet undone in the session
     while True:
         elapsed = clock() - t0
         if max_proposals is not None:
@@ -182,20 +181,18 @@ def run_chain(builder: TaskGraphBuilder, start: Strategy, *, budget_s: float, rn
             on_progress(elapsed, res.best_time)
             last_report = elapsed
         op = ops[rng.randrange(len(ops))]
-        new_cfg = space.random(op, rng, pending.get(op.name, session.strategy[op.name]))
+        new_cfg = space.random(op, rng, session.strategy[op.name])
         members = layers.get(op.name)
         if members is not None and rng.random() < layer_move_prob:
             changes = {m: new_cfg for m in members}
         else:
             changes = {op.name: new_cfg}
-        # The accepted configuration of each op: the session may still hold a rejected proposal,
-        # which is undone together with this one's edits (one simulation per proposal).
-        old = {m: pending.get(m, session.strategy[m]) for m in changes}
+        old = {m: session.strategy[m] for m in changes}
         res.proposals += 1
         if all(old[m] == c for m, c in changes.items()):
             rng.random()  # keep the random stream aligned with accept()
             continue
-        edits = {**pending, **changes}
+        edits = changes
         try:
             step = session.change_many(edits)
         except (SimulationError, StopIteration) as e:
@@ -209,7 +206,6 @@ def run_chain(builder: TaskGraphBuilder, start: Strategy, *, budget_s: float, rn
             step = session.step_time
         for m, c in edits.items():
             memory.change(m, c)
-        pending = {}
         new = cost_of(step)
         if accept(current, new, beta, rng):
             res.accepted += 1
@@ -220,7 +216,11 @@ def run_chain(builder: TaskGraphBuilder, start: Strategy, *, budget_s: float, rn
                 last_improvement = clock() - t0
                 res.trace.append((last_improvement, step))
         else:
-            pending = old
+            # Rejected: taken back at once — a rollback of the session's last batch, which costs
+            # neither a task-graph build nor a simulation.
+            session.change_many(old)
+            for m, c in old.items():
+                memory.change(m, c)
     res.seconds = clock() - t0
     if on_progress is not None:
         on_progress(res.seconds, res.best_time)

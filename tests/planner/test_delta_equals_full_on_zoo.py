@@ -55,10 +55,15 @@ def _walk(model: str, topology: str, changes: int, seed: int) -> int:
         full = simulate(builder.build(session.strategy))
         assert session.timeline().same_as(full), f"{model} on {topology}: timelines differ after change {step} ({op.name})"
         assert session.step_time == full.makespan
-        if rng.random() < 0.3 and session.strategy[op.name] != old:
-            # Taken back, as a rejected proposal: the old timeline comes back without simulating.
+        u = rng.random()
+        if u < 0.4 and session.strategy[op.name] != old:
+            # Taken back, as a rejected proposal: the old timeline comes back without simulating,
+            # by a rollback of the simulator's journal or (without one) by re-adding the old tasks.
+            rollback = u < 0.2
+            if not rollback:
+                session.sim._last_journal = None
             session.change(op.name, old)
-            assert session.sim.stats["mode"] == "undo"
+            assert session.sim.stats["mode"] == ("rollback" if rollback else "undo")
             full = simulate(builder.build(session.strategy))
             assert session.timeline().same_as(full), f"{model} on {topology}: undo {step} ({op.name}) differs"
     return changes

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import autopar.planner._delta as delta_module
 import autopar.planner.simulator as simulator_module
-from autopar.planner.errors import TaskGraphCycleError
+from autopar.planner.errors import SimulationError, TaskGraphCycleError
 from autopar.planner.simulator import DeltaSimulator, TaskGraph, simulate
 
 DURATIONS = [0.5, 1.0, 1.5, 2.0]  # few values, so equal ready times (ties) actually happen
@@ -157,6 +157,52 @@ def test_undoing_a_random_batch_restores_the_timeline_without_simulating(data):
             assert_same(w.sim)
             assert w.sim.stats["mode"] == "undo"
             w.rank = ranks
+
+
+def ids_and_edges(g: TaskGraph) -> tuple:
+    return dict(g._id), {k: frozenset(g.preds(k)) for k in g.keys()}
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_a_rollback_restores_the_graph_under_the_same_ids_and_its_timeline(data):
+    w = World(data)
+    for _ in range(data.draw(st.integers(1, 3), label="rounds")):
+        g = w.sim.graph
+        before, tl, ranks = ids_and_edges(g), w.sim.timeline().detached(), dict(w.rank)
+        content_before = content(g)
+        version = g._version
+        for _ in range(data.draw(st.integers(1, 6), label="edits")):
+            w.edit()
+        assert_same(w.sim)
+        if g._version == version:
+            continue  # the edits were no-ops (an existing edge): no batch to take back
+        w.sim.rollback()
+        assert w.sim.stats["mode"] == "rollback"
+        assert ids_and_edges(g) == before, (ids_and_edges(g), before)
+        assert content(g) == content_before
+        assert w.sim.timeline().same_as(tl) and w.sim.timeline().same_as(simulate(g))
+        assert not w.sim.can_rollback()
+        w.rank = ranks
+        for _ in range(data.draw(st.integers(0, 3), label="edits after")):
+            w.edit()  # ids freed by the rollback are reused exactly
+        assert_same(w.sim)
+
+
+def test_a_rollback_is_refused_with_edits_pending_or_twice():
+    sim = DeltaSimulator(absorbed_change_graph())
+    with pytest.raises(SimulationError, match="nothing to roll back"):
+        sim.rollback()  # no batch yet
+    sim.set_duration((1,), 7.0)
+    sim.resimulate()
+    sim.set_duration((0,), 3.0)
+    with pytest.raises(SimulationError, match="before new edits"):
+        sim.rollback()
+    sim.resimulate()
+    sim.rollback()
+    assert sim.graph.task((0,)).duration == 1.0 and sim.graph.task((1,)).duration == 7.0
+    with pytest.raises(SimulationError, match="once"):
+        sim.rollback()
 
 
 @settings(max_examples=100, deadline=None)
