@@ -15,7 +15,8 @@ are compared field by field as Python compares tuples (a missing field sorts fir
 implementations return bit-identical times; the tests compare them on random graphs.
 
 Edges live in an append-only pool (source, target, both ids' generations at the time); an edge
-is live while both ids still carry those generations and it was not removed.  Each pass builds
+is live while both ids are live with those generations and it was not removed.  Generations are
+never reused, so a task revived by a rollback gets its old edges back and no stale ones.  Each pass builds
 the successor lists (CSR) of the live edges first, in linear time.
 """
 
@@ -71,44 +72,41 @@ def _sift_up(heap, pos: int, rdy, keys) -> None:
 
 
 @njit(cache=True)
-def live_edges(alive, gen, esrc, edst, egs, egd, ealive):
-    """Mask of the pool's live edges."""
-    m = esrc.shape[0]
+def live_edges(alive, gen, rec, ealive):
+    """Mask of the pool's live edges (`rec` rows: source, target, their generations)."""
+    m = rec.shape[0]
     ok = np.zeros(m, np.bool_)
     for e in range(m):
-        a = esrc[e]
-        b = edst[e]
-        ok[e] = ealive[e] != 0 and alive[a] != 0 and alive[b] != 0 and egs[e] == gen[a] and egd[e] == gen[b]
+        a = rec[e, 0]
+        b = rec[e, 1]
+        ok[e] = ealive[e] != 0 and alive[a] != 0 and alive[b] != 0 and rec[e, 2] == gen[a] and rec[e, 3] == gen[b]
     return ok
 
 
 @njit(cache=True)
-def full_pass_arrays(alive, gen, dur, rix, nres: int, keys, esrc, edst, egs, egd, ealive, every: int):
+def full_pass_arrays(alive, gen, dur, rix, nres: int, keys, rec, ealive, every: int):
     """Algorithm 1 over the arrays.  Returns (ready, start, end, bind, order, count, last end per
     resource index, remaining input counts, checkpoint vectors); ``count`` < live tasks means a
     cycle (the tasks with a remaining count > 0 never ran).  Checkpoint row c holds every
     resource's last end before position ``c * every`` of the order."""
     cap = alive.shape[0]
-    m = esrc.shape[0]
+    m = rec.shape[0]
     # Successor lists of the live edges (CSR) and input counts.
     off = np.zeros(cap + 1, np.int64)
     cnt = np.zeros(cap, np.int64)
-    ok = np.zeros(m, np.bool_)
+    ok = live_edges(alive, gen, rec, ealive)
     for e in range(m):
-        a = esrc[e]
-        b = edst[e]
-        if ealive[e] != 0 and alive[a] != 0 and alive[b] != 0 and egs[e] == gen[a] and egd[e] == gen[b]:
-            ok[e] = True
-            off[a + 1] += 1
-            cnt[b] += 1
+        if ok[e]:
+            off[rec[e, 0] + 1] += 1
+            cnt[rec[e, 1]] += 1
     for i in range(cap):
         off[i + 1] += off[i]
     adj = np.empty(off[cap], np.int64)
     fill = off[:cap].copy()
     for e in range(m):
         if ok[e]:
-            a = esrc[e]
-            adj[fill[a]] = edst[e]
+            a = rec[e, 0]
+            adj[fill[a]] = rec[e, 1]
             fill[a] += 1
 
     rdy = np.zeros(cap, np.float64)

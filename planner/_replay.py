@@ -67,7 +67,7 @@ def _view(a: array, dtype):
 
 
 def _compiled_pass(g: TaskGraph, every: int):
-    if len(g._e_src) > 2 * g._nedges + 65536:
+    if len(g._e_alive) > 2 * g._nedges + 65536:
         _compact_edges(g)
     nres = len(g._rlist)
     cap = len(g._key)
@@ -76,8 +76,8 @@ def _compiled_pass(g: TaskGraph, every: int):
     step = every if every > 0 else max(cap, 1)
     rdy, st, en, bind, seq, count, last, cnt, ck = _fastpass.full_pass_arrays(
         _view(g._a_alive, _np.int8), _view(g._a_gen, i64), _view(g._a_dur, _np.float64),
-        _view(g._a_rix, i64), nres, keys, _view(g._e_src, i64), _view(g._e_dst, i64),
-        _view(g._e_gs, i64), _view(g._e_gd, i64), _view(g._e_alive, _np.int8), step)
+        _view(g._a_rix, i64), nres, keys, _view(g._e_rec, i64).reshape(-1, 4),
+        _view(g._e_alive, _np.int8), step)
     if count != len(g._id):
         rem = cnt.tolist()
         start = next(i for i in g._id.values() if rem[i] > 0)
@@ -91,16 +91,13 @@ def _compiled_pass(g: TaskGraph, every: int):
 
 def _compact_edges(g: TaskGraph) -> None:
     """Drop dead records from the edge pool (it only grows between compactions)."""
-    i64 = _np.int64
-    src, dst = _view(g._e_src, i64), _view(g._e_dst, i64)
-    gs, gd, al = _view(g._e_gs, i64), _view(g._e_gd, i64), _view(g._e_alive, _np.int8)
-    ok = _fastpass.live_edges(_view(g._a_alive, _np.int8), _view(g._a_gen, i64), src, dst, gs, gd, al)
-    fresh = []
-    for a in (src, dst, gs, gd, al):
-        b = array(g._e_src.typecode if a.dtype == i64 else "b")
-        b.frombytes(_np.ascontiguousarray(a[ok]).tobytes())
-        fresh.append(b)
-    g._e_src, g._e_dst, g._e_gs, g._e_gd, g._e_alive = fresh
+    rec = _view(g._e_rec, _np.int64).reshape(-1, 4)
+    ok = _fastpass.live_edges(_view(g._a_alive, _np.int8), _view(g._a_gen, _np.int64), rec,
+                              _view(g._e_alive, _np.int8))
+    fresh, alive = array("q"), array("b")
+    fresh.frombytes(_np.ascontiguousarray(rec[ok]).tobytes())
+    alive.frombytes(_np.ones(int(ok.sum()), _np.int8).tobytes())
+    g._e_rec, g._e_alive = fresh, alive
     g._compactions += 1
 
 

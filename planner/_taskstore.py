@@ -64,7 +64,7 @@ class TaskGraph:
     __slots__ = ("_id", "_key", "_res", "_rix", "_dur", "_kind", "_nbytes", "_label",
                  "_pred", "_succ", "_free", "_held", "_hold", "_rindex", "_rlist",
                  "_version", "_dmin", "_a_dur", "_a_rix", "_a_key", "_a_alive", "_a_gen",
-                 "_e_src", "_e_dst", "_e_gs", "_e_gd", "_e_alive", "_nedges", "_compilable",
+                 "_e_rec", "_e_alive", "_nedges", "_compilable",
                  "_gseq", "_journal", "_compactions")
 
     def __init__(self) -> None:
@@ -91,8 +91,7 @@ class TaskGraph:
         self._a_key = array("q")             # KEY_FIELDS per id
         self._a_alive = array("b")
         self._a_gen = array("q")             # bumped when an id's task is removed
-        self._e_src, self._e_dst = array("q"), array("q")
-        self._e_gs, self._e_gd = array("q"), array("q")   # generations of src and dst at add time
+        self._e_rec = array("q")             # per edge: src, dst and their generations at add time
         self._e_alive = array("b")
         self._nedges = 0                     # live edges
         self._compilable = True
@@ -260,11 +259,8 @@ class TaskGraph:
         self._nedges += 1
         gen = self._a_gen
         if self._journal is not None:
-            self._journal.append((2, a, b, len(self._e_src)))
-        self._e_src.append(a)
-        self._e_dst.append(b)
-        self._e_gs.append(gen[a])
-        self._e_gd.append(gen[b])
+            self._journal.append((2, a, b, len(self._e_alive)))
+        self._e_rec.extend((a, b, gen[a], gen[b]))
         self._e_alive.append(1)
         return True
 
@@ -287,10 +283,8 @@ class TaskGraph:
         """Mark the pool's live record of edge a -> b removed (a rare edit: a vectorized scan)."""
         import numpy as np
         gen = self._a_gen
-        hit = np.flatnonzero((np.frombuffer(self._e_src, np.int64) == a)
-                             & (np.frombuffer(self._e_dst, np.int64) == b)
-                             & (np.frombuffer(self._e_gs, np.int64) == gen[a])
-                             & (np.frombuffer(self._e_gd, np.int64) == gen[b])
+        rec = np.frombuffer(self._e_rec, np.int64).reshape(-1, 4)
+        hit = np.flatnonzero((rec[:, 0] == a) & (rec[:, 1] == b) & (rec[:, 2] == gen[a]) & (rec[:, 3] == gen[b])
                              & (np.frombuffer(self._e_alive, np.int8) != 0))
         killed = hit.tolist()
         for e in killed:
@@ -320,17 +314,27 @@ class TaskGraph:
         ids, key_, pred, succ = self._id, self._key, self._pred, self._succ
         alive, e_alive = self._a_alive, self._e_alive
         self._journal = None
+        # Ids added in the batch die at the end; their edges need no set surgery on their side,
+        # and an edge between two of them none at all (its pool record dies with them).
+        new = {e[1] for e in journal if e[0] == 0}
         for entry in reversed(journal):
             op, i = entry[0], entry[1]
             if op == 2:      # an edge added
                 b = entry[2]
-                succ[i].discard(b)
-                pred[b].discard(i)
-                e_alive[entry[3]] = 0
                 self._nedges -= 1
-            elif op == 0:    # a task added (its edges are gone already)
+                if i in new:
+                    if b not in new:
+                        pred[b].discard(i)
+                    continue
+                succ[i].discard(b)
+                if b not in new:
+                    pred[b].discard(i)
+                e_alive[entry[3]] = 0
+            elif op == 0:    # a task added (edges to old tasks are gone already)
                 del ids[key_[i]]
                 alive[i] = 0
+                pred[i] = set()
+                succ[i] = set()
                 self._held.pop(i, None)
             elif op == 1:    # a task removed
                 _, _, key, res, rix, dur, kind, nbytes, label, gen, ps, ss = entry

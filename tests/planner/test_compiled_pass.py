@@ -110,7 +110,7 @@ def test_dead_edges_are_compacted_away_without_changing_the_timeline():
         for p in preds:
             sim.add_edge(p, k)
         sim.resimulate()
-    before = len(g._e_src)
+    before = len(g._e_alive)
     _replay._compact_edges(g)
-    assert len(g._e_src) == g._nedges == g.num_edges() <= before
+    assert len(g._e_alive) == g._nedges == g.num_edges() <= before
     assert sim.timeline().same_as(simulate(g))
