@@ -314,9 +314,14 @@ class TaskGraph:
         ids, key_, pred, succ = self._id, self._key, self._pred, self._succ
         alive, e_alive = self._a_alive, self._e_alive
         self._journal = None
-        # Ids added in the batch die at the end; their edges need no set surgery on their side,
-        # and an edge between two of them none at all (its pool record dies with them).
-        new = {e[1] for e in journal if e[0] == 0}
+        # Ids whose first edit in the batch added them die at the end (the others were there
+        # before and come back); their edges need no set surgery on their side, and an edge
+        # between two of them none at all (its pool record dies with them).
+        first: dict[int, int] = {}
+        for e in journal:
+            if e[0] <= 1:
+                first.setdefault(e[1], e[0])
+        new = {i for i, op in first.items() if op == 0}
         for entry in reversed(journal):
             op, i = entry[0], entry[1]
             if op == 2:      # an edge added

@@ -163,7 +163,7 @@ def ids_and_edges(g: TaskGraph) -> tuple:
     return dict(g._id), {k: frozenset(g.preds(k)) for k in g.keys()}
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(st.data())
 def test_a_rollback_restores_the_graph_under_the_same_ids_and_its_timeline(data):
     w = World(data)
