@@ -119,7 +119,7 @@ def data_parallel_row(model: str, topology: str = "p100-4x4") -> dict[str, Any]:
 
 def run_simulator_bench(quick: bool = False, seed: int = 0, progress: bool = False,
                         uniform: bool = False) -> dict[str, Any]:
-    moves, fulls = (30, 3) if quick else (200, 8)
+    moves, fulls = (30, 10) if quick else (200, 40)
     rows = []
     for model, topology in ROWS:
         _log(progress, f"{model} on {topology} …")
