@@ -232,6 +232,19 @@ def block_config(op: Op, num_devices: int, rng: random.Random) -> ParallelConfig
     return ParallelConfig(degrees, tuple(range(start, start + k)))
 
 
+def block_shift(op: Op, cfg: ParallelConfig, num_devices: int, rng: random.Random) -> ParallelConfig:
+    """The same degrees on another block of consecutive devices (a random start, aligned as in
+    `block_config`): the operation dimension of the SOAP space, for a whole op at once."""
+    k = inner = 1
+    for p, d in zip(op.pardims, cfg.degrees):
+        k *= d
+        if p.kind is not DimKind.SAMPLE:
+            inner *= d
+    start = rng.randrange(num_devices - k + 1)
+    start -= start % inner
+    return ParallelConfig(cfg.degrees, tuple(range(start, start + k)))
+
+
 def placement_move(cfg: ParallelConfig, num_devices: int, rng: random.Random) -> ParallelConfig:
     """The same degrees with one task moved: to a device the op does not use, or swapped with
     another of its tasks.  Symmetric (the reverse move has the same probability); with

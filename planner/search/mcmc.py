@@ -48,7 +48,7 @@ from typing import Callable
 
 from ..errors import SimulationError
 from ..graph import Op, OperatorGraph
-from ..strategy import ParallelConfig, Strategy, block_config, placement_move, random_config
+from ..strategy import ParallelConfig, Strategy, block_config, block_shift, placement_move, random_config
 from ..taskgraph import DeltaSession, TaskGraphBuilder
 from ._memtrack import MemoryTracker
 
@@ -82,7 +82,9 @@ class SoapSpace:
     """The whole SOAP space: any degrees, any distinct devices (FlexFlow sec. 4).
 
     A proposal is, with probability `move_prob`, a placement move of the op's current
-    configuration (one task to another device) and otherwise a FlexFlow random configuration
+    configuration (half the time one task to another device, `strategy.placement_move`, half the
+    time all its tasks to another aligned block, `strategy.block_shift`; with a layer move the
+    whole layer moves) and otherwise a FlexFlow random configuration
     (random degrees on a random aligned block of devices, `strategy.block_config`); together they
     reach every configuration.  Uniformly
     random placements (`uniform=True`, `strategy.random_config`) scatter
@@ -91,7 +93,7 @@ class SoapSpace:
 
     name = "soap"
 
-    def __init__(self, num_devices: int, move_prob: float = 0.25, uniform: bool = False):
+    def __init__(self, num_devices: int, move_prob: float = 1 / 3, uniform: bool = False):
         self.num_devices = num_devices
         self.move_prob = move_prob
         self.uniform = uniform
@@ -99,8 +101,12 @@ class SoapSpace:
     def random(self, op: Op, rng: random.Random, current: ParallelConfig | None = None) -> ParallelConfig:
         if self.uniform:
             return random_config(op, self.num_devices, rng)
-        if current is not None and rng.random() < self.move_prob:
-            return placement_move(current, self.num_devices, rng)
+        if current is not None:
+            u = rng.random()
+            if u < self.move_prob / 2:
+                return placement_move(current, self.num_devices, rng)
+            if u < self.move_prob:
+                return block_shift(op, current, self.num_devices, rng)
         return block_config(op, self.num_devices, rng)
 
 
