@@ -474,7 +474,8 @@ def summarize(builder: TaskGraphBuilder, strategy: Strategy, tg: TaskGraph, tl: 
         v = busy.get(n + li, 0.0)
         if v > 0:
             links[link.label] = v
-    moved = sum(tg.task(k).nbytes for k in tg.keys())
+    nb = tg._nbytes
+    moved = sum(nb[i] for i in tg._id.values())
     if not strategy.devices_used():
         raise StrategyError("strategy places no task on any device")
     return SimulationResult(tl.makespan, compute, links, moved, len(tg), peak)

@@ -27,7 +27,7 @@ from ..zoo import list_models
 from .plan import CANDIDATES, PlanResult, plan
 
 TOPOLOGIES = ("p100-1x4", "p100-4x4", "k80-16x4")
-QUICK_BUDGET_S = 6.0
+QUICK_BUDGET_S = 4.0
 FULL_BUDGET_S = 60.0
 QUICK_STARTS = ("data-parallel", "expert", "optcnn")
 #: In the quick bench a baseline whose task graph would exceed this many tasks is reported as not
