@@ -24,6 +24,7 @@ class MemoryTracker:
         self.total = [0] * builder.num_devices
         self._parts: dict[tuple, dict[int, int]] = {}
         self._factor = 2 + OPTIMIZER_STATES[builder.optimizer]
+        self._undo: tuple | None = None
         for name in self.graph.param_specs:
             self._set(("param", name), self._param(name))
         for op in self.graph.ops:
@@ -44,22 +45,49 @@ class MemoryTracker:
 
     # -- updates -------------------------------------------------------------------------------
     def change(self, op_name: str, cfg: ParallelConfig) -> None:
-        g = self.graph
-        op = g[op_name]
-        self.strategy = self.strategy.with_config(op_name, cfg)
-        self._set(("out", op_name), self._outputs(op_name))
-        for j in range(len(op.inputs)):
-            self._set(("edge", op_name, j), self._edge(op_name, j))
-        for c, j, _ in g.consumers[op_name]:
-            self._set(("edge", c, j), self._edge(c, j))
-        for p in dict.fromkeys(p.name for p in op.params):
-            self._set(("param", p), self._param(p))
+        self.change_many({op_name: cfg})
 
-    def _set(self, key: tuple, part: dict[int, int]) -> None:
+    def change_many(self, changes: dict[str, ParallelConfig]) -> None:
+        """New configurations for several ops; every affected contribution is recomputed once
+        (a layer move changes 40 steps that share one parameter).  `rollback()` takes it back."""
+        g = self.graph
+        strategy = self.strategy
+        keys: dict[tuple, None] = {}
+        for name, cfg in changes.items():
+            strategy = strategy.with_config(name, cfg)
+            op = g[name]
+            keys[("out", name)] = None
+            for j in range(len(op.inputs)):
+                keys[("edge", name, j)] = None
+            for c, j, _ in g.consumers[name]:
+                keys[("edge", c, j)] = None
+            for p in op.params:
+                keys[("param", p.name)] = None
+        self._undo = (self.strategy, {k: self._parts.get(k) for k in keys})
+        self.strategy = strategy
+        for k in keys:
+            if k[0] == "out":
+                self._set(k, self._outputs(k[1]))
+            elif k[0] == "edge":
+                self._set(k, self._edge(k[1], k[2]))
+            else:
+                self._set(k, self._param(k[1]))
+
+    def rollback(self) -> None:
+        """Take back the last `change_many` (a rejected proposal)."""
+        strategy, parts = self._undo
+        for k, part in parts.items():
+            self._set(k, part)
+        self.strategy, self._undo = strategy, None
+
+    def _set(self, key: tuple, part: dict[int, int] | None) -> None:
         old = self._parts.get(key)
         if old:
             for d, v in old.items():
                 self.total[d] -= v
+        if part is None:
+            self._parts.pop(key, None)
+            return
         for d, v in part.items():
             self.total[d] += v
         self._parts[key] = part

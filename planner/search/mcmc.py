@@ -210,8 +210,7 @@ def run_chain(builder: TaskGraphBuilder, start: Strategy, *, budget_s: float, rn
                 target = target.with_config(m, c)
             session = DeltaSession(builder, target)
             step = session.step_time
-        for m, c in edits.items():
-            memory.change(m, c)
+        memory.change_many(edits)
         new = cost_of(step)
         if accept(current, new, beta, rng):
             res.accepted += 1
@@ -225,8 +224,7 @@ def run_chain(builder: TaskGraphBuilder, start: Strategy, *, budget_s: float, rn
             # Rejected: taken back at once — a rollback of the session's last batch, which costs
             # neither a task-graph build nor a simulation.
             session.change_many(old)
-            for m, c in old.items():
-                memory.change(m, c)
+            memory.rollback()
     res.seconds = clock() - t0
     if on_progress is not None:
         on_progress(res.seconds, res.best_time)

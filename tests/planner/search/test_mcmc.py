@@ -95,6 +95,21 @@ def test_incremental_peak_memory_equals_full_count_on_random_moves(make):
         assert tracker.peak() == peak_memory(b, tracker.strategy)
 
 
+def test_memory_tracked_over_multi_op_changes_and_rollbacks_equals_a_full_recount():
+    graph = rnn(steps=3)
+    b = TaskGraphBuilder(graph, get_preset("p100-1x4"), CostModel())
+    tracker = MemoryTracker(b, data_parallel(graph, 4))
+    rng = random.Random(6)
+    for _ in range(40):
+        ops = rng.sample(graph.ops, rng.randrange(1, 4))
+        before = tracker.peak()
+        tracker.change_many({op.name: random_config(op, 4, rng) for op in ops})
+        assert tracker.peak() == peak_memory(b, tracker.strategy)
+        if rng.random() < 0.5:
+            tracker.rollback()
+            assert tracker.peak() == before == peak_memory(b, tracker.strategy)
+
+
 def test_a_strategy_that_does_not_fit_is_never_reported_as_best():
     graph = mlp()
     topo = get_preset("p100-1x4")
