@@ -89,7 +89,7 @@ def plan(graph: OperatorGraph, topology: DeviceTopology, cost: CostModel | None 
         p_chains = placement_chains(builder, budget_s=placement_budget_s, seed=seed, beta_rel=beta_rel,
                                     max_proposals=max_proposals, ui=ui)
         chains += p_chains
-        cands["placement"] = _best_of_chains(builder, "placement", p_chains, time.perf_counter() - t0)
+        cands["placement"] = _best_of_chains(builder, "placement", p_chains, time.perf_counter() - t0, cands)
 
         t0 = time.perf_counter()
         s_chains = []
@@ -113,7 +113,7 @@ def plan(graph: OperatorGraph, topology: DeviceTopology, cost: CostModel | None 
         sessions.clear()
         chains += s_chains
         ui.phase("verifying the best strategy with full simulation")
-        best_chain = _best_of_chains(builder, "mcmc", s_chains, time.perf_counter() - t0)
+        best_chain = _best_of_chains(builder, "mcmc", s_chains, time.perf_counter() - t0, cands)
 
     # Never worse than anything evaluated: the MCMC answer is the best of every candidate.
     pool = [c for c in cands.values() if c.step_time is not None and c.fits]
@@ -212,11 +212,19 @@ def estimate_tasks(builder: TaskGraphBuilder, strategy: Strategy) -> int:
     return total
 
 
-def _best_of_chains(builder: TaskGraphBuilder, name: str, chains: list[ChainResult], seconds: float) -> Candidate:
+def _best_of_chains(builder: TaskGraphBuilder, name: str, chains: list[ChainResult], seconds: float,
+                    known: dict[str, Candidate]) -> Candidate:
+    """The best strategy the chains found, simulated in full — unless it is a candidate that was
+    (a chain that never improved on its start): then that full simulation's numbers stand."""
     found = [c for c in chains if c.best is not None]
     if not found:
         return Candidate(name, None, None, None, False, seconds, "no chain found a strategy that fits")
     best = min(found, key=lambda c: c.best_time)
+    same = next((c for c in known.values() if c.step_time is not None and c.strategy is not None
+                 and c.strategy.configs == best.best.configs), None)
+    if same is not None:
+        return Candidate(name, best.best, same.step_time, same.peak_memory, same.fits, seconds,
+                         f"from {best.start}")
     cand = _evaluate(builder, name, lambda: best.best, seconds=seconds)
     return Candidate(cand.name, cand.strategy, cand.step_time, cand.peak_memory, cand.fits, seconds,
                      f"from {best.start}")
