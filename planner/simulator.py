@@ -72,19 +72,24 @@ Cost, and when delta gives way to full simulation
 -------------------------------------------------
 A change early in a training step usually moves everything after it (in the zoo's task graphs
 85-95 % of the tasks after one random op change, many of them re-ordered on their device or
-link), and with absolute floating-point times no exact method avoids re-timing them.  The
-replay re-times a task at about 1.35x the cost per task of `simulate()` (bookkeeping, not
-edges, dominates), so when more than 70 % of the graph lies after the cut the replay runs only
-on a budget (10 % of the graph, at least 256 tasks) — enough to catch a change absorbed nearby
-— and otherwise a full simulation takes over; budgets that keep running out are skipped.  Late
-changes, absorbed changes and batches that touch few tasks are where the replay wins.
+link), and with absolute floating-point times no exact method avoids re-timing them.  Algorithm 1
+runs compiled (`_fastpass`), some 20x cheaper per task than this Python replay, so the replay
+runs in full only when at most 5 % of the graph lies after the cut, and otherwise on a budget of
+256 tasks — enough to catch a change absorbed right away — before the compiled pass re-times the
+edited graph; budgets that keep running out are skipped.  (Without the compiled pass — keys it
+cannot compare, or ``AUTOPAR_PURE_PYTHON=1`` — the thresholds are 70 % and 10 % of the graph: the
+replay costs about 1.35x a Python full pass per task.)  Either way the graph is edited, not
+rebuilt.
 
 A search rejects most proposals and takes them back.  `DeltaSimulator` keeps the timeline from
-before the last batch and records, for every task a batch touches, its resource, duration and
-neighbours before and after.  A batch that exactly inverts the previous one brings that timeline
-back without simulating (a re-added task gets its old id back, so the kept lists still fit), and
-a batch with no net effect keeps the current one.  Both are exact: the graph is then identical to
-one whose timeline is known.
+before the last batch, and the graph journals its edits: `rollback()` undoes the last batch from
+the journal (every task back under its old id) and brings the kept timeline back, with no build
+and no simulation.  Without a rollback, a batch that exactly inverts the previous one is
+recognized — every task a batch touches is recorded, resource, duration and neighbours, before
+and after, or the caller vouches for it (`resimulate(restores=True)`) — and brings that timeline
+back too (a re-added task gets its old id back, so the kept lists still fit); a batch with no net
+effect keeps the current one.  All are exact: the graph is then identical to one whose timeline
+is known.
 """
 
 from __future__ import annotations
