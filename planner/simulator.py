@@ -310,19 +310,15 @@ class DeltaSimulator:
             self._settle()
             return self.timeline()
         if not self._tracking:
-            if restores and self._vouched_undo():
-                state, self._prev = self._prev[0], (self._state(), None, self._counts)
-                self._restore(state)
-                self.stats = {"mode": "undo", "tasks": len(g), "retimed": 0}
-            else:
-                self._step(None)
-            self._settle()
-            return self.timeline()
-        diff = self._batch.net(g)
-        if not (diff[0] or diff[1]):
+            diff = None
+            undo = restores and self._vouched_undo()
+        else:
+            diff = self._batch.net(g)
+            undo = bool(diff[0] or diff[1]) and self._is_undo(diff)
+        if diff is not None and not (diff[0] or diff[1]):
             self._prev = (self._state(), diff, self._counts)  # a rollback keeps this timeline
             self.stats = {"mode": "unchanged", "tasks": len(g), "retimed": 0}
-        elif self._is_undo(diff):
+        elif undo:
             state, self._prev = self._prev[0], (self._state(), diff, self._counts)
             self._restore(state)
             self.stats = {"mode": "undo", "tasks": len(g), "retimed": 0}
