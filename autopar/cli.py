@@ -88,7 +88,8 @@ def _build_parser() -> argparse.ArgumentParser:
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--uniform-placements", action="store_true",
                    help="simulator: draw changes with uniformly random device placements instead of the "
-                        "search's proposals (random degrees on aligned device blocks, or one task moved)")
+                        "search's proposals (random degrees on aligned device blocks, one task moved, or a whole op "
+                        "shifted to another block)")
     b.set_defaults(func=_cmd_bench)
 
     m = sub.add_parser("models", help="list the zoo models and their options")
