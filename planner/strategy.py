@@ -221,7 +221,16 @@ def block_config(op: Op, num_devices: int, rng: random.Random) -> ParallelConfig
     sharing a sample range sit in one aligned block (on a node, when the node is that large).
     Consecutive ids share a node in every preset, so this is the placement a hierarchy favours;
     other placements are reached by `placement_move`."""
-    degrees = rng.choice(degree_choices(op, num_devices))
+    return _on_random_block(op, rng.choice(degree_choices(op, num_devices)), num_devices, rng)
+
+
+def block_shift(op: Op, cfg: ParallelConfig, num_devices: int, rng: random.Random) -> ParallelConfig:
+    """The same degrees on another block of consecutive devices (a random start, aligned as in
+    `block_config`): the operation dimension of the SOAP space, for a whole op at once."""
+    return _on_random_block(op, cfg.degrees, num_devices, rng)
+
+
+def _on_random_block(op: Op, degrees: tuple[int, ...], num_devices: int, rng: random.Random) -> ParallelConfig:
     k = inner = 1
     for p, d in zip(op.pardims, degrees):
         k *= d
@@ -230,19 +239,6 @@ def block_config(op: Op, num_devices: int, rng: random.Random) -> ParallelConfig
     start = rng.randrange(num_devices - k + 1)
     start -= start % inner
     return ParallelConfig(degrees, tuple(range(start, start + k)))
-
-
-def block_shift(op: Op, cfg: ParallelConfig, num_devices: int, rng: random.Random) -> ParallelConfig:
-    """The same degrees on another block of consecutive devices (a random start, aligned as in
-    `block_config`): the operation dimension of the SOAP space, for a whole op at once."""
-    k = inner = 1
-    for p, d in zip(op.pardims, cfg.degrees):
-        k *= d
-        if p.kind is not DimKind.SAMPLE:
-            inner *= d
-    start = rng.randrange(num_devices - k + 1)
-    start -= start % inner
-    return ParallelConfig(cfg.degrees, tuple(range(start, start + k)))
 
 
 def placement_move(cfg: ParallelConfig, num_devices: int, rng: random.Random) -> ParallelConfig:
