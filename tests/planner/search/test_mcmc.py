@@ -11,10 +11,10 @@ from autopar.planner.presets import get_preset
 from autopar.planner.search._memtrack import MemoryTracker
 from autopar.planner.search.experts import PlacementSpace
 from autopar.planner.search.mcmc import accept, run_chain
-from autopar.planner.strategy import data_parallel, random_config, single_device
+from autopar.planner.strategy import ParallelConfig, data_parallel, random_config, single_device
 from autopar.planner.taskgraph import TaskGraphBuilder, simulate_strategy
 
-from ._graphs import diamond, mlp, rnn
+from ._graphs import diamond, mlp, rnn, zoo
 
 
 class _Fixed(random.Random):
@@ -134,3 +134,50 @@ def test_a_layer_move_re_simulates_to_what_full_simulation_says():
         step = session.change_many({c: cfg for c in cells})
         full, _, _ = simulate_strategy(b, session.strategy)
         assert step == full.step_time and all(session.strategy[c] == cfg for c in cells)
+
+
+def test_segments_are_unbranched_runs_of_ops_with_the_same_dims():
+    from autopar.planner.search.mcmc import segments_of
+    graph = zoo("lenet")
+    segs = segments_of(graph)
+    features = tuple(f"features_{i}" for i in range(6))
+    classifier = tuple(f"classifier_{i}" for i in range(5))
+    assert set(segs.values()) == {features, classifier}
+    assert all(segs[m] == features for m in features)
+    # the input, flatten (other dims) and the loss (two producers) are in no segment
+    assert not {"images", "flatten", "labels", "loss"} & set(segs)
+    # a diamond's branches fork and join: no op of the fork or the join is in the middle of a run
+    for run in segments_of(diamond()).values():
+        for a, b in zip(run, run[1:]):
+            assert [c for c, _, _ in diamond().consumers[a]] == [b]
+
+
+def test_a_segment_move_covers_a_run_around_the_op_and_stops_where_the_degrees_do_not_fit():
+    from autopar.planner.search.mcmc import segment_move, segments_of
+    graph = zoo("lenet")
+    seg = segments_of(graph)["features_1"]
+    cfg = ParallelConfig((2, 2, 1, 1), (0, 1, 2, 3))
+    seen = set()
+    for seed in range(200):
+        changes = segment_move(graph, seg, "features_1", cfg, 4, random.Random(seed))
+        names = [m for m in seg if m in changes]
+        lo, hi = seg.index(names[0]), seg.index(names[-1])
+        assert "features_1" in changes and names == list(seg[lo:hi + 1])
+        assert all(c == cfg for c in changes.values())
+        seen.add((lo, hi))
+    assert (0, 2) in seen and (1, 1) in seen and (0, 5) in seen
+    # h = w = 5 after the second pool: degree 2 on h stops a run before features_5
+    tall = ParallelConfig((1, 1, 2, 1), (0, 1))
+    for seed in range(100):
+        assert "features_5" not in segment_move(graph, seg, "features_1", tall, 4, random.Random(seed))
+
+
+@pytest.mark.slow
+def test_mcmc_finds_lenets_proven_optimum_on_four_p100s():
+    """FlexFlow sec. 8.4: exhaustive search (the sorted space, `test_exhaustive`) proves
+    0.331291 ms; three ops away from data parallelism, each of them alone slower."""
+    graph = zoo("lenet")
+    b = TaskGraphBuilder(graph, get_preset("p100-1x4"), CostModel())
+    best = min(run_chain(b, data_parallel(graph, 4), budget_s=math.inf, rng=random.Random(k), max_proposals=4000,
+                         beta_rel=400).best_time for k in range(2))
+    assert best == pytest.approx(0.331291e-3, abs=1e-9)
