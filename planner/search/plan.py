@@ -16,6 +16,8 @@ Steps (FlexFlow sec. 6 and 8):
    left of `budget_s` that doubles from one start to the next faster one (four starts: 1/15,
    2/15, 4/15, 8/15); time a chain does not use passes to the ones after it.  Equal shares
    spent a quarter of nmt's budget walking down from a random strategy 4x slower than OptCNN's.
+   A random start whose task graph would be over 10x data parallelism's (most of them at 64
+   GPUs) is not run, and the chain list says so.
 5. The answer is the fastest candidate that fits in memory, re-simulated from scratch (full
    simulation) so the reported time is never a delta artefact.  When nothing beats data
    parallelism, the result is data parallelism and `note` says so.  When nothing fits, an
@@ -100,6 +102,10 @@ def plan(graph: OperatorGraph, topology: DeviceTopology, cost: CostModel | None 
         ordered = []
         for k, name in enumerate(starts):
             start = _start(name, graph, n, cands, seed, k)
+            skip = _too_big_to_start(builder, name, start, cands)
+            if skip:
+                s_chains.append(ChainResult(name, "soap", math.nan, None, math.inf, stopped=skip))
+                continue
             if start is not None:
                 known = cands.get(name)
                 ordered.append((known.step_time if known is not None and known.step_time else math.inf, k, name, start))
@@ -231,6 +237,25 @@ def _best_of_chains(builder: TaskGraphBuilder, name: str, chains: list[ChainResu
     cand = _evaluate(builder, name, lambda: best.best, seconds=seconds)
     return Candidate(cand.name, cand.strategy, cand.step_time, cand.peak_memory, cand.fits, seconds,
                      f"from {best.start}")
+
+
+#: A random start whose task graph would be this many times larger than data parallelism's is
+#: not run: at 64 GPUs a random strategy has 40-70x DP's tasks (millions), its build alone takes
+#: tens of seconds and the chain gets through a handful of proposals.
+MAX_RANDOM_START_TASKS_RATIO = 10
+
+
+def _too_big_to_start(builder: TaskGraphBuilder, name: str, start: Strategy | None,
+                      cands: dict[str, Candidate]) -> str:
+    """Why a random start is not worth a chain here ('' when it is)."""
+    dp = cands.get("data-parallel")
+    if name != "random" or start is None or dp is None or dp.strategy is None:
+        return ""
+    est, ref = estimate_tasks(builder, start), estimate_tasks(builder, dp.strategy)
+    if est <= MAX_RANDOM_START_TASKS_RATIO * ref:
+        return ""
+    return (f"not run: the random start's task graph would have ~{est:,} tasks, {est / ref:.0f}x data "
+            f"parallelism's; its budget went to the other starts")
 
 
 def _start(name: str, graph: OperatorGraph, n: int, cands: dict[str, Candidate], seed: int, k: int) -> Strategy | None:

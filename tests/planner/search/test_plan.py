@@ -81,3 +81,19 @@ def test_a_baseline_above_the_task_limit_is_reported_as_not_simulated():
     dp = r.candidates["data-parallel"]
     assert dp.step_time is None and "not simulated" in dp.note and "above the limit of 10" in dp.note
     assert r.step_time is not None  # the searches still give a plan
+
+
+def test_a_random_start_far_larger_than_data_parallelism_is_not_run_and_the_plan_says_why(monkeypatch):
+    import importlib
+    import json
+
+    plan_module = importlib.import_module("autopar.planner.search.plan")  # the package exports the function
+    graph, topo = mlp(), get_preset("p100-1x4")
+    monkeypatch.setattr(plan_module, "MAX_RANDOM_START_TASKS_RATIO", 0)
+    r = plan(graph, topo, CostModel(), budget_s=1e9, placement_budget_s=1e9, max_proposals=20, seed=1)
+    skipped = [c for c in r.chains if c.start == "random"]
+    assert len(skipped) == 1 and skipped[0].proposals == 0 and skipped[0].stopped.startswith("not run")
+    assert "x data parallelism's" in skipped[0].stopped
+    assert [c.start for c in r.chains if c.space == "soap" and c.proposals] != []
+    out = json.loads(json.dumps(r.to_dict(), allow_nan=False))  # valid JSON: no NaN for the unknown start time
+    assert next(c for c in out["chains"] if c["start"] == "random")["start_seconds"] is None
