@@ -68,7 +68,7 @@ class PlanResult:
                         "start_seconds": c.start_time if math.isfinite(c.start_time) else None,
                         "best_seconds": c.best_time if math.isfinite(c.best_time) else None,
                         "proposals": c.proposals, "accepted": c.accepted, "wall_seconds": round(c.seconds, 3),
-                        "stopped": c.stopped} for c in self.chains],
+                        "too_big": c.too_big, "stopped": c.stopped} for c in self.chains],
             "optcnn": None if self.optcnn is None else {
                 "cost_model_seconds": self.optcnn.cost, "layers": self.optcnn.layers, "tying": self.optcnn.tying,
                 "final_graph_layers": self.optcnn.stats.final_variables, "wall_seconds": round(self.optcnn.seconds, 3)},

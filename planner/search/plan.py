@@ -40,6 +40,7 @@ from ..strategy import Strategy, random_config, single_device
 from ..taskgraph import OPTIMIZER_STATES, DeltaSession, TaskGraphBuilder, simulate_strategy
 from ..topology import DeviceTopology
 from . import experts
+from ._estimate import estimate_tasks
 from ._memtrack import MemoryTracker
 from ._result import Candidate, PlanResult, _bytes
 from .mcmc import DEFAULT_BETA_REL, ChainResult, SoapSpace, run_chain
@@ -189,10 +190,10 @@ def _evaluate(builder: TaskGraphBuilder, name: str, build, seconds: float | None
     except StrategyError as e:
         return Candidate(name, None, None, None, False, time.perf_counter() - t0, str(e))
     if max_tasks is not None:
-        estimate = estimate_tasks(builder, strategy)
+        estimate = estimate_tasks(builder, strategy, limit=max_tasks)
         if estimate > max_tasks:
             return Candidate(name, strategy, None, None, False, time.perf_counter() - t0,
-                             f"not simulated: its task graph would have ~{estimate:,} tasks, above the limit "
+                             f"not simulated: its task graph would have over {estimate:,} tasks, above the limit "
                              f"of {max_tasks:,} of this run")
     if keep is None:
         res, _, _ = simulate_strategy(builder, strategy)
@@ -203,22 +204,6 @@ def _evaluate(builder: TaskGraphBuilder, name: str, build, seconds: float | None
         step, peak, fits = session.step_time, memory.peak(), memory.fits()
         keep[name] = (session, memory)
     return Candidate(name, strategy, step, peak, fits, seconds if seconds is not None else time.perf_counter() - t0)
-
-
-def estimate_tasks(builder: TaskGraphBuilder, strategy: Strategy) -> int:
-    """About how many tasks the task graph of `strategy` has: two per op task, two per
-    cross-device piece and route hop (forward and backward), without building anything."""
-    g, topo = builder.graph, builder.topology
-    total = 0
-    for op in g.ops:
-        cfg = strategy[op.name]
-        total += 2 * len(cfg.devices)
-        for j, ref in enumerate(op.inputs):
-            pcfg = strategy[ref.op]
-            pieces = {(pt, cfg.devices[ct]) for pt, ct, _ in builder.overlaps(op, j, cfg.degrees, pcfg.degrees)
-                      if pcfg.devices[pt] != cfg.devices[ct]}
-            total += sum(2 * len(topo.route(pcfg.devices[pt], d)) for pt, d in pieces)
-    return total
 
 
 def _best_of_chains(builder: TaskGraphBuilder, name: str, chains: list[ChainResult], seconds: float,
@@ -251,10 +236,11 @@ def _too_big_to_start(builder: TaskGraphBuilder, name: str, start: Strategy | No
     dp = cands.get("data-parallel")
     if name != "random" or start is None or dp is None or dp.strategy is None:
         return ""
-    est, ref = estimate_tasks(builder, start), estimate_tasks(builder, dp.strategy)
+    ref = estimate_tasks(builder, dp.strategy)
+    est = estimate_tasks(builder, start, limit=MAX_RANDOM_START_TASKS_RATIO * ref)
     if est <= MAX_RANDOM_START_TASKS_RATIO * ref:
         return ""
-    return (f"not run: the random start's task graph would have ~{est:,} tasks, {est / ref:.0f}x data "
+    return (f"not run: the random start's task graph would have over {est:,} tasks, {est / ref:.0f}x data "
             f"parallelism's; its budget went to the other starts")
 
 

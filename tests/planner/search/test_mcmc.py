@@ -181,3 +181,13 @@ def test_mcmc_finds_lenets_proven_optimum_on_four_p100s():
     best = min(run_chain(b, data_parallel(graph, 4), budget_s=math.inf, rng=random.Random(k), max_proposals=4000,
                          beta_rel=400).best_time for k in range(2))
     assert best == pytest.approx(0.331291e-3, abs=1e-9)
+
+
+def test_a_proposal_too_big_to_build_is_rejected_unbuilt_and_counted():
+    graph = mlp()
+    b = TaskGraphBuilder(graph, get_preset("p100-1x4"), CostModel())
+    start = data_parallel(graph, 4)
+    res = run_chain(b, start, budget_s=math.inf, rng=random.Random(0), max_proposals=40, max_change_ratio=1e-9)
+    assert res.too_big >= 20 and res.accepted == 0  # the rest drew the configuration the op has and res.best.configs == start.configs
+    free = run_chain(b, start, budget_s=math.inf, rng=random.Random(0), max_proposals=40, max_change_ratio=None)
+    assert free.too_big == 0 and free.accepted > 0
