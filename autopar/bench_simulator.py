@@ -7,6 +7,9 @@ devices, as FlexFlow's implementation draws them, or one task moved to another d
 ``--uniform-placements`` every task on a uniformly random device instead, which on 64 GPUs sends
 almost every tensor across nodes) — and undoes each one afterwards, as MCMC does with a rejected proposal,
 so every change is measured against a realistic strategy rather than an ever more random one.
+A change MCMC would reject unbuilt (its edit would build more than `MAX_CHANGE_RATIO` times the
+tasks of the graph it starts from, `search.mcmc`) is redrawn, since no search ever delta-simulates
+it; `redrawn_too_big` counts them, and ``--all-changes`` measures them too.
 Every change and every undo is applied with delta simulation (`DeltaSession.change`: update the
 task graph for that op, re-time incrementally) and timed.  `delta_ms` is the mean over changes and
 undos — what a search pays per step; an undo that exactly reverses the previous edit restores the
@@ -35,7 +38,8 @@ from autopar.planner.cost import CostModel
 from autopar.planner.fx_import import import_spec
 from autopar.planner.presets import get_preset
 from autopar.planner.simulator import simulate
-from autopar.planner.search.mcmc import SoapSpace
+from autopar.planner.search._estimate import change_tasks
+from autopar.planner.search.mcmc import MAX_CHANGE_RATIO, SoapSpace
 from autopar.planner.strategy import data_parallel
 from autopar.planner.taskgraph import DeltaSession, TaskGraphBuilder, simulate_strategy
 
@@ -43,6 +47,7 @@ from ._common import load_model_for_planning
 
 ROWS = [("inception_v3", "p100-4x4"), ("nmt", "p100-4x4"), ("rnnlm", "p100-4x4"),
         ("inception_v3", "k80-16x4"), ("nmt", "k80-16x4"), ("rnnlm", "k80-16x4")]
+MAX_REDRAWS = 100
 DP_MODELS = ["lenet", "alexnet", "vgg16", "inception_v3", "resnet101", "rnntc", "rnnlm", "nmt", "transformer"]
 
 
@@ -52,7 +57,7 @@ def _log(progress: bool, msg: str) -> None:
 
 
 def bench_row(model: str, topology: str, moves: int, fulls: int, seed: int, progress: bool = False,
-              uniform: bool = False) -> dict[str, Any]:
+              uniform: bool = False, all_changes: bool = False) -> dict[str, Any]:
     graph = import_spec(load_model_for_planning(model))
     topo = get_preset(topology)
     builder = TaskGraphBuilder(graph, topo, CostModel().bind(graph))
@@ -67,10 +72,17 @@ def bench_row(model: str, topology: str, moves: int, fulls: int, seed: int, prog
     full_s: list[float] = []
     agree = True
     ops = list(graph.ops)
+    limit = MAX_CHANGE_RATIO * max(tasks, 10_000) if not all_changes else None
+    skipped = 0
     for m in range(1, moves + 1):
-        op = rng.choice(ops)
-        old = session.strategy[op.name]
-        cfg = space.random(op, rng, old)
+        for attempt in range(MAX_REDRAWS + 1):
+            op = rng.choice(ops)
+            old = session.strategy[op.name]
+            cfg = space.random(op, rng, old)
+            if (limit is None or attempt == MAX_REDRAWS  # after that many in a row, measure it anyway
+                    or change_tasks(builder, session.strategy, {op.name: cfg}, limit) <= limit):
+                break
+            skipped += 1  # MCMC rejects this one unbuilt: no delta simulation to measure
         t0 = time.perf_counter()
         session.change(op.name, cfg)
         delta_s.append(time.perf_counter() - t0)
@@ -95,7 +107,7 @@ def bench_row(model: str, topology: str, moves: int, fulls: int, seed: int, prog
         "model": model, "topology": topology, "devices": topo.num_devices, "tasks": tasks,
         "full_ms": round(full_ms, 3), "delta_ms": round(delta_ms, 3), "speedup": round(full_ms / delta_ms, 2),
         "proposal_ms": round(proposal_ms, 3), "proposal_speedup": round(full_ms / proposal_ms, 2),
-        "agree": agree, "changes": len(delta_s), "full_samples": len(full_s),
+        "agree": agree, "changes": len(delta_s), "full_samples": len(full_s), "redrawn_too_big": skipped,
     }
 
 
@@ -118,19 +130,20 @@ def data_parallel_row(model: str, topology: str = "p100-4x4") -> dict[str, Any]:
 
 
 def run_simulator_bench(quick: bool = False, seed: int = 0, progress: bool = False,
-                        uniform: bool = False) -> dict[str, Any]:
+                        uniform: bool = False, all_changes: bool = False) -> dict[str, Any]:
     moves, fulls = (30, 10) if quick else (200, 40)
     rows = []
     for model, topology in ROWS:
         _log(progress, f"{model} on {topology} …")
-        rows.append(bench_row(model, topology, moves, fulls, seed, progress, uniform))
+        rows.append(bench_row(model, topology, moves, fulls, seed, progress, uniform, all_changes))
     dp = []
     for model in DP_MODELS:
         _log(progress, f"data parallel {model} on p100-4x4 …")
         dp.append(data_parallel_row(model))
     return {"rows": rows, "data_parallel": dp, "settings": {
         "moves": moves, "full_samples": fulls, "seed": seed,
-        "placements": "uniform" if uniform else "search proposals (aligned blocks, task moves)"}}
+        "placements": "uniform" if uniform else "search proposals (aligned blocks, task moves)",
+        "changes": "all" if all_changes else f"those MCMC builds (at most {MAX_CHANGE_RATIO:g}x the start's tasks)"}}
 
 
 def print_table(doc: dict[str, Any]) -> None:

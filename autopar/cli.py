@@ -90,6 +90,9 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="simulator: draw changes with uniformly random device placements instead of the "
                         "search's proposals (random degrees on aligned device blocks, one task moved, or a whole op "
                         "shifted to another block)")
+    b.add_argument("--all-changes", action="store_true",
+                   help="simulator: also measure changes MCMC rejects unbuilt (an edit that would build more "
+                        "than twice the tasks of the graph it starts from); by default they are redrawn")
     b.set_defaults(func=_cmd_bench)
 
     m = sub.add_parser("models", help="list the zoo models and their options")
@@ -137,7 +140,7 @@ def _cmd_bench(args) -> int:
     if args.which == "simulator":
         from .bench_simulator import print_table, run_simulator_bench
         doc = run_simulator_bench(quick=args.quick, seed=args.seed, progress=not args.json,
-                                  uniform=args.uniform_placements)
+                                  uniform=args.uniform_placements, all_changes=args.all_changes)
     elif args.which == "search":
         from autopar.planner.search.bench import bench_table, run_search_bench
         doc = run_search_bench(quick=args.quick, seed=args.seed, progress=not args.json)

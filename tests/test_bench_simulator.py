@@ -1,0 +1,22 @@
+"""`autopar bench simulator`: rows of the documented shape, delta agreeing with full simulation."""
+
+import pytest
+
+from autopar import bench_simulator
+from autopar.bench_simulator import bench_row
+
+
+def test_a_row_compares_delta_with_full_simulation_and_agrees():
+    row = bench_row("lenet", "p100-2x2", moves=6, fulls=2, seed=0)
+    assert {"model", "topology", "devices", "tasks", "full_ms", "delta_ms", "speedup", "agree"} <= set(row)
+    assert row["agree"] is True and row["devices"] == 4 and row["tasks"] > 0
+    assert row["changes"] == 12 and row["full_samples"] == 2 and row["redrawn_too_big"] == 0
+    assert row["speedup"] == pytest.approx(row["full_ms"] / row["delta_ms"], rel=0.01)
+
+
+def test_changes_mcmc_would_not_build_are_redrawn_unless_all_are_asked_for(monkeypatch):
+    monkeypatch.setattr(bench_simulator, "MAX_CHANGE_RATIO", 1e-9)
+    monkeypatch.setattr(bench_simulator, "MAX_REDRAWS", 3)
+    row = bench_row("lenet", "p100-2x2", moves=2, fulls=1, seed=0)
+    assert row["redrawn_too_big"] == 6 and row["changes"] == 4 and row["agree"] is True
+    assert bench_row("lenet", "p100-2x2", moves=2, fulls=1, seed=0, all_changes=True)["redrawn_too_big"] == 0
