@@ -20,7 +20,10 @@ from __future__ import annotations
 import math
 from array import array
 from dataclasses import dataclass
+from itertools import chain, compress, repeat
 from operator import index as _as_index
+from operator import itemgetter
+from operator import not_ as _not
 from typing import Iterator
 
 from .errors import SimulationError, TaskGraphCycleError, UnknownTaskError
@@ -215,6 +218,12 @@ class TaskGraph:
             self._journal.append((0, i))
         return i
 
+    def add_tasks(self, tasks) -> None:
+        """Add ``(key, resource, duration, kind, nbytes, label)`` tasks: the same as `add_task`
+        on each in order (an invalid one raises with those before it added), in one call."""
+        from ._bulk import add_tasks
+        add_tasks(self, tasks)
+
     def remove_task(self, key) -> None:
         self._remove(self._ix(key))
 
@@ -246,6 +255,14 @@ class TaskGraph:
     def add_edge(self, src, dst) -> None:
         """`dst` cannot start before `src` ends.  Adding an existing edge changes nothing."""
         self._add_edge(self._ix(src), self._ix(dst))
+
+    def add_edges(self, edges) -> None:
+        """Add ``(src, dst)`` edges: the same as `add_edge` on each in order, in one call."""
+        from ._bulk import add_edges, resolve, unknown
+        a, b, bad = resolve(self, edges)
+        add_edges(self, a, b)
+        if bad is not None:
+            unknown(self, bad)
 
     def _add_edge(self, a: int, b: int) -> bool:
         if a == b:
@@ -318,30 +335,31 @@ class TaskGraph:
         # before and come back); their edges need no set surgery on their side, and an edge
         # between two of them none at all (its pool record dies with them).
         first: dict[int, int] = {}
-        for e in journal:
-            if e[0] <= 1:
-                first.setdefault(e[1], e[0])
+        for e in compress(journal, map((1).__ge__, map(itemgetter(0), journal))):
+            first.setdefault(e[1], e[0])
         new = {i for i, op in first.items() if op == 0}
-        for entry in reversed(journal):
+        # Consecutive additions of tasks, or of edges, are undone together (their undos commute).
+        run: list = []
+        rop = -2
+        for entry in chain(reversed(journal), ((-1, -1),)):
             op, i = entry[0], entry[1]
-            if op == 2:      # an edge added
-                b = entry[2]
-                self._nedges -= 1
-                if i in new:
-                    if b not in new:
-                        pred[b].discard(i)
-                    continue
-                succ[i].discard(b)
-                if b not in new:
-                    pred[b].discard(i)
-                e_alive[entry[3]] = 0
-            elif op == 0:    # a task added (edges to old tasks are gone already)
-                del ids[key_[i]]
-                alive[i] = 0
-                pred[i] = set()
-                succ[i] = set()
-                self._held.pop(i, None)
-            elif op == 1:    # a task removed
+            if op == rop:
+                run.append(entry)
+                continue
+            if run:
+                if rop == 2:
+                    self._undo_edges(run, new)
+                else:
+                    self._undo_tasks(run)
+                run = []
+            if op == 0 or op == 2:
+                rop = op
+                run.append(entry)
+                continue
+            rop = -2
+            if op == -1:
+                break
+            if op == 1:    # a task removed
                 _, _, key, res, rix, dur, kind, nbytes, label, gen, ps, ss = entry
                 key_[i], self._res[i], self._rix[i], self._dur[i] = key, res, rix, dur
                 self._kind[i], self._nbytes[i], self._label[i] = kind, nbytes, label
@@ -351,10 +369,8 @@ class TaskGraph:
                 alive[i] = 1
                 ids[key] = i
                 pred[i], succ[i] = ps, ss
-                for p in ps:
-                    succ[p].add(i)
-                for x in ss:
-                    pred[x].add(i)
+                any(map(set.add, map(succ.__getitem__, ps), repeat(i)))
+                any(map(set.add, map(pred.__getitem__, ss), repeat(i)))
                 self._nedges += len(ps) + len(ss)
                 self._held.pop(i, None)
             elif op == 3:    # an edge removed
@@ -367,6 +383,34 @@ class TaskGraph:
             else:            # a duration changed
                 self._dur[i] = self._a_dur[i] = entry[2]
         self._version += 1
+
+    def _undo_tasks(self, run: list) -> None:
+        """Undo added tasks ``(0, id)`` (their edges to old tasks are gone already)."""
+        I = list(map(itemgetter(1), run))
+        k = len(I)
+        any(map(self._id.__delitem__, map(self._key.__getitem__, I)))
+        any(map(self._a_alive.__setitem__, I, repeat(0)))
+        any(map(self._pred.__setitem__, I, map(set, repeat((), k))))
+        any(map(self._succ.__setitem__, I, map(set, repeat((), k))))
+        any(map(self._held.pop, I, repeat(None)))
+
+    def _undo_edges(self, run: list, new: set) -> None:
+        """Undo added edges ``(2, a, b, pool index)``: an edge from a task added in the batch
+        needs no set surgery on its side nor its pool record killed (both die with the task), an
+        edge to one none on the other side."""
+        self._nedges -= len(run)
+        _, A, B, E = zip(*run)
+        succ, pred, e_alive = self._succ, self._pred, self._e_alive
+        if new:
+            old_a = list(map(_not, map(new.__contains__, A)))
+            old_b = list(map(_not, map(new.__contains__, B)))
+            any(map(set.discard, map(succ.__getitem__, compress(A, old_a)), compress(B, old_a)))
+            any(map(set.discard, map(pred.__getitem__, compress(B, old_b)), compress(A, old_b)))
+            any(map(e_alive.__setitem__, compress(E, old_a), repeat(0)))
+        else:
+            any(map(set.discard, map(succ.__getitem__, A), B))
+            any(map(set.discard, map(pred.__getitem__, B), A))
+            any(map(e_alive.__setitem__, E, repeat(0)))
 
     def _free_dead(self) -> None:
         """The free list becomes every dead id (after a rollback)."""

@@ -95,8 +95,10 @@ is known.
 from __future__ import annotations
 
 import math
-from itertools import repeat
+from itertools import compress, filterfalse, repeat
+from operator import is_not
 
+from . import _bulk
 from ._batches import Batch, undoes
 from ._delta import delta_pass
 from ._replay import compiled, timed_pass
@@ -127,6 +129,14 @@ def simulate(graph: TaskGraph) -> Timeline:
     rdy, st, en, _, seq, last, _, _ = timed_pass(graph)
     data = _Data(dict(graph._id), list(graph._key), list(graph._res), list(graph._dur), rdy, st, en, seq)
     return Timeline._of(data, max(last, default=0.0))
+
+
+def _hashable(x) -> bool:
+    try:
+        hash(x)
+    except TypeError:
+        return False
+    return True
 
 
 class DeltaSimulator:
@@ -227,6 +237,95 @@ class DeltaSimulator:
         if self._tracking:
             self._batch.absent(key)
         self._seen = g._version
+
+    def add_tasks(self, tasks) -> None:
+        """`add_task` on each ``(key, resource, duration, kind, nbytes, label)`` in order, in one
+        call (what the task-graph builder uses)."""
+        self._track()
+        g = self._g
+        revive, grave = self._revive, self._grave
+        if type(tasks) is not list:
+            tasks = list(tasks)
+        K = [t[0] for t in tasks]
+        try:
+            rv = list(map(revive.get, K))
+            gv = list(map(grave.get, K))
+        except TypeError:  # an unhashable key: `add_task` fails on it, after adding those before
+            p = next((p for p, k in enumerate(K) if not _hashable(k)), None)
+            if p is None:
+                raise
+            self.add_tasks(tasks[:p])
+            revive.get(K[p], -1)
+            raise
+        ats = None
+        m = len(K)
+        if rv.count(None) < m or gv.count(None) < m:
+            # Which id each task takes back, decided as `add_task` decides it: the tasks of one
+            # batch cannot change the answer for each other (distinct keys map to distinct held
+            # ids, and a repeated key fails before its id is used).
+            ids, res = g._id, g._res
+            ats = [-1] * m
+            hit = set(compress(range(m), map(is_not, rv, repeat(None))))
+            hit.update(compress(range(m), map(is_not, gv, repeat(None))))
+            for p in hit:
+                key, r = K[p], tasks[p][1]
+                if key not in ids:
+                    i, j = rv[p], gv[p]
+                    if i is not None and res[i] == r:
+                        ats[p] = i
+                    elif j is not None and res[j] == r:
+                        ats[p] = j
+        out: list[int] = []
+        try:
+            _bulk.add_tasks(g, tasks, ats, out)
+        finally:
+            if ats is None:
+                self._new.update(out)
+                if self._tracking:
+                    absent = self._batch.absent
+                    for t, _ in zip(tasks, out):
+                        absent(t[0])
+            else:
+                for t, at, n in zip(tasks, ats, out):
+                    key = t[0]
+                    if at >= 0 and revive.get(key, -1) == at:
+                        del revive[key]
+                        del g._held[at]
+                        del self._removed[at]
+                        self._seeds.add(at)
+                    else:
+                        if at >= 0:
+                            del grave[key]
+                            self._grave_hits += 1
+                        self._new.add(n)
+                    if self._tracking:
+                        self._batch.absent(key)
+            self._seen = g._version
+
+    def add_edges(self, edges) -> None:
+        """`add_edge` on each ``(src, dst)`` in order, in one call."""
+        g = self._g
+        if g._version != self._seen:
+            self._untracked = True
+        A, B, bad = _bulk.resolve(g, edges)
+        added: list[int] = []
+        try:
+            _bulk.add_edges(g, A, B, added)
+        finally:
+            if added:
+                if self._tracking:
+                    edges_, k = self._batch.edges, g._key
+                    for n in added:
+                        e = (k[A[n]], k[B[n]])
+                        c = edges_.get(e, 0) + 1
+                        if c:
+                            edges_[e] = c
+                        else:
+                            del edges_[e]
+                self._seeds.update(filterfalse(self._new.__contains__, map(B.__getitem__, added)))
+            self._seen = g._version
+        if bad is not None:
+            _bulk.unknown(g, bad)
 
     def remove_task(self, key) -> None:
         self._track()

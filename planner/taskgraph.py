@@ -45,37 +45,18 @@ from itertools import product
 from .cost import CostModel
 from .errors import StrategyError
 from .graph import Op, OperatorGraph
-from .regions import Box, cells, intersect, volume
+from .regions import Box, intersect, volume
+from ._plans import (_LAST, _MIN_TASK_SECONDS, _MIN_TRANSFER_BYTES, _VIRTUAL_RESOURCE_BASE,  # noqa: F401
+                     PlanMemo, _prod, _sync_groups, _union_volume, bwd_key, edge_plan, fwd_key,
+                     op_plan, param_plan)
+from ._bulk import gc_paused
 from .simulator import DeltaSimulator, TaskGraph, Timeline, simulate
 from .strategy import ParallelConfig, Strategy, check_config
 
 
-def fwd_key(i: int, t: int) -> tuple:
-    return (0, i, 0, t)
-
-
-def bwd_key(n_ops: int, i: int, t: int) -> tuple:
-    # Backward keys count ops from the end: on a tie, later ops' gradients go first, as in a
-    # backward pass issued in reverse program order.
-    return (1, n_ops - i, 0, t)
-
 #: Optimizer state tensors kept per parameter element (SGD with momentum: the momentum buffer;
 #: Adam: first and second moments).
 OPTIMIZER_STATES = {"sgd": 1, "adam": 2}
-
-#: Free ops (graph inputs, views) cost nothing in the cost model; their tasks still take this long
-#: because the simulator's FIFO order, and so delta simulation's exactness, need every task to take
-#: time (see `planner.simulator`).  A nanosecond changes no step time visibly.
-_MIN_TASK_SECONDS = 1e-9
-
-#: Barrier tasks of parameter synchronization run on virtual resources numbered from here, far
-#: above any device or link index.
-_VIRTUAL_RESOURCE_BASE = 1 << 40
-_LAST = 1 << 30
-
-#: A transfer smaller than this still costs its latency; below it we do not bother modelling it
-#: as a separate message (scalars such as partial losses).
-_MIN_TRANSFER_BYTES = 1.0
 
 
 @dataclass(frozen=True)
@@ -94,7 +75,10 @@ class TaskGraphBuilder:
 
     Everything that does not depend on device placement — which producer tasks overlap which
     consumer tasks and by how many bytes, per-task costs, parameter holdings — is memoized per
-    (op, degrees), so repeated simulations during a search pay for it once.
+    (op, degrees), so repeated simulations during a search pay for it once.  Each task group's
+    tasks and edges are memoized too, per configuration(s) (`planner._plans`), and added in bulk
+    (`TaskGraph.add_tasks`, `add_edges`); the topology and cost model must not change after the
+    builder is made (the cost model's own memo assumes that already).
     """
 
     def __init__(self, graph: OperatorGraph, topology, cost: CostModel, optimizer: str = "sgd"):
@@ -113,6 +97,9 @@ class TaskGraphBuilder:
         self._ranges_cache: dict = {}
         self._resource_of_link = [self.num_devices + i for i in range(len(topology.links))]
         self._route_cache: dict[tuple[int, int], tuple[float, tuple]] = {}
+        self._param_box_cache: dict = {}
+        # Whole task groups per configuration (`planner._plans`).
+        self._plans = PlanMemo()
 
     # -- memoized, placement-free pieces -----------------------------------------------------
     def _task_ranges(self, op: Op, degrees: tuple[int, ...]) -> list[dict]:
@@ -184,13 +171,24 @@ class TaskGraphBuilder:
     # -- parameter holdings ------------------------------------------------------------------
     def holdings(self, strategy: Strategy, param: str) -> dict[int, list[Box]]:
         """device -> the boxes of parameter `param` (its view) that tasks on it read."""
+        users = self.graph.param_users[param]
+        return self._holdings(users, [strategy[u] for u in users], param)
+
+    def _holdings(self, users, configs, param: str) -> dict[int, list[Box]]:
         held: dict[int, set[Box]] = {}
-        for user in self.graph.param_users[param]:
-            op = self.graph[user]
-            cfg = strategy[user]
-            j = next(k for k, p in enumerate(op.params) if p.name == param)
-            for t, r in enumerate(self._task_ranges(op, cfg.degrees)):
-                held.setdefault(cfg.devices[t], set()).add(op.param_box(j, r))
+        for user, cfg in zip(users, configs):
+            key = (user, param, cfg.degrees)
+            boxes = self._param_box_cache.get(key)
+            if boxes is None:
+                op = self.graph[user]
+                j = next(k for k, p in enumerate(op.params) if p.name == param)
+                boxes = self._param_box_cache[key] = [op.param_box(j, r) for r in self._task_ranges(op, cfg.degrees)]
+            for dev, box in zip(cfg.devices, boxes):
+                hs = held.get(dev)
+                if hs is None:
+                    held[dev] = {box}
+                else:
+                    hs.add(box)
         return {d: sorted(b) for d, b in held.items()}
 
     def sync_groups(self, strategy: Strategy, param: str) -> list[tuple[tuple[int, ...], float]]:
@@ -202,26 +200,22 @@ class TaskGraphBuilder:
         """The whole task graph of `strategy` (Algorithm 1's BuildTaskGraph)."""
         strategy.validate(self.graph, self.num_devices)
         tg = into if into is not None else TaskGraph()
-        for i, op in enumerate(self.graph.ops):
-            self._add_op(tg, i, op, strategy[op.name])
-        for i, op in enumerate(self.graph.ops):
-            for j in range(len(op.inputs)):
-                self._add_edge_group(tg, strategy, i, op, j)
-        for p in self.graph.param_specs:
-            self._add_param_group(tg, strategy, p)
+        with gc_paused():
+            for i, op in enumerate(self.graph.ops):
+                self._add_op(tg, i, op, strategy[op.name])
+            for i, op in enumerate(self.graph.ops):
+                for j in range(len(op.inputs)):
+                    self._add_edge_group(tg, strategy, i, op, j)
+            for p in self.graph.param_specs:
+                self._add_param_group(tg, strategy, p)
         return tg
 
     def _add_op(self, tg, i: int, op: Op, cfg: ParallelConfig) -> list:
-        device = self.topology.devices
-        keys = []
-        for t, dev in enumerate(cfg.devices):
-            est = self.cost.task_cost(op, cfg.degrees, device[dev], self._in_shapes[op.name])
-            fk, bk = fwd_key(i, t), bwd_key(self.num_ops, i, t)
-            tg.add_task(fk, dev, max(est.forward, _MIN_TASK_SECONDS), "forward", 0.0, op.name)
-            tg.add_task(bk, dev, max(est.backward, _MIN_TASK_SECONDS), "backward", 0.0, op.name)
-            tg.add_edge(fk, bk)
-            keys += [fk, bk]
-        return keys
+        """Add op `i`'s compute tasks under `cfg`; returns their keys."""
+        plan = self._plans.get((i, cfg))
+        if plan is None:
+            plan = self._plans.put((i, cfg), op_plan(self, i, op, cfg))
+        return self._add_plan(tg, plan)
 
     def _hops(self, src: int, dst: int) -> tuple[float, tuple[tuple[int, float, str], ...]]:
         """(route latency, ((link resource, bandwidth, label), ...)) of a device pair, memoized."""
@@ -233,91 +227,31 @@ class TaskGraphBuilder:
             hit = self._route_cache[(src, dst)] = (self.topology.route_latency(src, dst), hops)
         return hit
 
-    def _add_transfer(self, tg, base: tuple, tr: Transfer, latency_mult: int = 1) -> list:
-        latency, hops = self._hops(tr.src_dev, tr.dst_dev)
-        lat = latency * latency_mult
-        nbytes = tr.nbytes
-        keys = []
-        for h, (res, bw, label) in enumerate(hops):
-            k = base + (h,)
-            tg.add_task(k, res, lat + nbytes / bw, "comm", nbytes if h == 0 else 0.0, label)
-            keys.append(k)
-        return keys
-
     def _add_edge_group(self, tg, strategy: Strategy, i: int, op: Op, j: int) -> list:
-        ref = op.inputs[j]
-        p = self.graph.index[ref.op]
-        pcfg, ccfg = strategy[ref.op], strategy[op.name]
-        itemsize = self.graph[ref.op].outputs[ref.index].itemsize
-        transfers, local = self.transfers(op, j, ccfg, pcfg, itemsize)
-        created = []
-        n = self.num_ops
-        for pt, ct in local:
-            tg.add_edge(fwd_key(p, pt), fwd_key(i, ct))
-            tg.add_edge(bwd_key(n, i, ct), bwd_key(n, p, pt))
-        for tr in transfers:
-            pt = tr.src_tasks[0]
-            fkeys = self._add_transfer(tg, (0, i, 1, j, pt, tr.dst_dev), tr)
-            back = Transfer(tr.dst_dev, tr.src_dev, tr.nbytes, tr.dst_tasks, tr.src_tasks)
-            bkeys = self._add_transfer(tg, (1, n - i, 1, j, pt, tr.dst_dev), back)
-            for k in fkeys:
-                tg.add_edge(fwd_key(p, pt), k)
-                for ct in tr.dst_tasks:
-                    tg.add_edge(k, fwd_key(i, ct))
-            for k in bkeys:
-                for ct in tr.dst_tasks:
-                    tg.add_edge(bwd_key(n, i, ct), k)
-                tg.add_edge(k, bwd_key(n, p, pt))
-            created += fkeys + bkeys
-        return created
+        """Add the transfers (or same-device edges) of input `j` of op `i`; returns the new keys."""
+        ccfg, pcfg = strategy[op.name], strategy[op.inputs[j].op]
+        key = (i, j, ccfg, pcfg)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans.put(key, edge_plan(self, i, op, j, ccfg, pcfg))
+        return self._add_plan(tg, plan)
 
     def _add_param_group(self, tg, strategy: Strategy, param: str) -> list:
-        """Ring all-reduce per sync group, then an update per device holding the parameter.
+        """Ring all-reduce per sync group, then an update per device holding the parameter
+        (`planner._plans.param_plan`); returns the new keys."""
+        configs = tuple(strategy[u] for u in self.graph.param_users[param])
+        key = (param, configs)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans.put(key, param_plan(self, param, configs))
+        return self._add_plan(tg, plan)
 
-        A group's ring starts when every replica's gradient is complete and every device's update
-        waits for the whole ring: two barrier tasks (1 ns each, on a virtual resource of their
-        own so they never queue) join the group's backward tasks to its ring transfers and the
-        ring transfers to the updates, which keeps the edge count linear in the group size.
-        """
-        pi = self._param_index[param]
-        users = self.graph.param_users[param]
-        bwd_by_dev: dict[int, list] = {}
-        for u in users:
-            ui = self.graph.index[u]
-            for t, dev in enumerate(strategy[u].devices):
-                bwd_by_dev.setdefault(dev, []).append(bwd_key(self.num_ops, ui, t))
-        holdings = self.holdings(strategy, param)
-        spec = self.graph.param_specs[param]
-        itemsize = spec.nbytes // max(1, _prod(spec.shape))
-        done_on: dict[int, list] = {}
-        created = []
-        for g, (devs, nbytes) in enumerate(_sync_groups(holdings, spec)):
-            r = len(devs)
-            per_edge = 2.0 * (r - 1) / r * nbytes
-            vres = _VIRTUAL_RESOURCE_BASE + (pi << 16) + 2 * g
-            start, end = (2, pi, g, -1), (2, pi, g, _LAST)
-            tg.add_task(start, vres, _MIN_TASK_SECONDS, "barrier", 0.0, param)
-            tg.add_task(end, vres + 1, _MIN_TASK_SECONDS, "barrier", 0.0, param)
-            created += [start, end]
-            for d in devs:
-                for w in bwd_by_dev.get(d, ()):
-                    tg.add_edge(w, start)
-                done_on.setdefault(d, []).append(end)
-            for e in range(r):
-                tr = Transfer(devs[e], devs[(e + 1) % r], per_edge, (), ())
-                for k in self._add_transfer(tg, (2, pi, g, e), tr, latency_mult=2 * (r - 1)):
-                    tg.add_edge(start, k)
-                    tg.add_edge(k, end)
-                    created.append(k)
-        for dev, boxes in holdings.items():
-            held = _union_volume(boxes) * itemsize
-            k = (3, pi, dev)
-            tg.add_task(k, dev, max(self.cost.update_time(held, self.topology.devices[dev], self.optimizer), _MIN_TASK_SECONDS),
-                        "update", 0.0, param)
-            for w in done_on.get(dev) or bwd_by_dev.get(dev, ()):
-                tg.add_edge(w, k)
-            created.append(k)
-        return created
+    @staticmethod
+    def _add_plan(tg, plan: tuple) -> list:
+        tasks, edges, keys = plan
+        tg.add_tasks(tasks)
+        tg.add_edges(edges)
+        return list(keys)
 
 
 class DeltaSession:
@@ -340,14 +274,15 @@ class DeltaSession:
         self._owned: dict[tuple, list] = {}
         self.sim = DeltaSimulator(TaskGraph(), track=False)
         g = builder.graph
-        for i, op in enumerate(g.ops):
-            self._owned[("op", i)] = builder._add_op(self.sim, i, op, strategy[op.name])
-        for i, op in enumerate(g.ops):
-            for j in range(len(op.inputs)):
-                self._owned[("edge", i, j)] = builder._add_edge_group(self.sim, strategy, i, op, j)
-        for p in g.param_specs:
-            self._owned[("param", p)] = builder._add_param_group(self.sim, strategy, p)
-        self.sim.resimulate()
+        with gc_paused():
+            for i, op in enumerate(g.ops):
+                self._owned[("op", i)] = builder._add_op(self.sim, i, op, strategy[op.name])
+            for i, op in enumerate(g.ops):
+                for j in range(len(op.inputs)):
+                    self._owned[("edge", i, j)] = builder._add_edge_group(self.sim, strategy, i, op, j)
+            for p in g.param_specs:
+                self._owned[("param", p)] = builder._add_param_group(self.sim, strategy, p)
+            self.sim.resimulate()
 
     @property
     def step_time(self) -> float:
@@ -363,6 +298,10 @@ class DeltaSession:
     def change_many(self, changes: dict[str, ParallelConfig]) -> float:
         """New configurations for several ops at once: every affected task group is rebuilt,
         then one delta simulation re-times the step.  Returns the new simulated step time."""
+        with gc_paused():
+            return self._change_many(changes)
+
+    def _change_many(self, changes: dict[str, ParallelConfig]) -> float:
         b = self.builder
         g = b.graph
         strategy = self.strategy
@@ -412,36 +351,6 @@ class DeltaSession:
             self._owned[("param", p)] = b._add_param_group(sim, strategy, p)
         sim.resimulate(restores=restores)
         return sim.makespan
-
-
-def _prod(xs) -> int:
-    n = 1
-    for x in xs:
-        n *= x
-    return n
-
-
-def _sync_groups(boxes_by_dev: dict[int, list[Box]], spec) -> list[tuple[tuple[int, ...], float]]:
-    """Devices that hold the same cells of a parameter must all-reduce those cells' gradients.
-
-    Returns (devices, bytes) per distinct device set with more than one device, in a
-    deterministic order.  Data parallelism gives one group of all replicas with the whole
-    parameter; splitting its parameter dimension gives one group per shard.
-    """
-    if len(boxes_by_dev) < 2:
-        return []
-    itemsize = spec.nbytes // max(1, _prod(spec.shape))
-    acc: dict[tuple[int, ...], int] = {}
-    for cell, holders in cells(boxes_by_dev):
-        if len(holders) > 1:
-            acc[holders] = acc.get(holders, 0) + volume(cell) * itemsize
-    return sorted(acc.items())
-
-
-def _union_volume(boxes: list[Box]) -> int:
-    if len(boxes) == 1:
-        return volume(boxes[0])
-    return sum(volume(cell) for cell, _ in cells({0: boxes}))
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,355 @@
+"""Batched edits of a `TaskGraph`: many tasks or edges per call, for the task-graph builder.
+
+Building a task graph (FlexFlow sec. 5.1) adds some 10^5 tasks and several times as many edges,
+and every MCMC proposal (sec. 6.2) rebuilds thousands of them; one call per task or edge spends
+most of its time on call overhead, attribute lookups and per-call bookkeeping.  The functions here
+do exactly what `TaskGraph._add` and `TaskGraph._add_edge` do, element by element and in the given
+order — same ids, same validation and error messages, same journal entries, same edge-pool
+records — with the graph's lists bound once per batch and the counters (version, edge count,
+generations, smallest duration) written back once.  A batch that meets an invalid element stops
+there, with every element before it added, exactly as the same calls one by one would leave it.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+from contextlib import contextmanager
+from array import array
+from itertools import chain, repeat
+from operator import eq as _eq
+from operator import index as _as_index
+
+from ._taskstore import _PADS, KEY_FIELDS, KEY_PAD, TaskGraph, _check_duration, _is_int
+from .errors import SimulationError, TaskGraphCycleError
+
+_INF = math.inf
+_TUPLE, _INT, _SIX = {tuple}, {int}, {6}
+_POSITIVE = (0.0).__lt__   # also false for NaN
+_FINITE = _INF.__gt__
+_QMAX = (1 << 63) - 1      # the largest key field the flat key array holds
+
+
+@contextmanager
+def gc_paused():
+    """Hold off the cyclic garbage collector while a task graph is built or edited.
+
+    A task graph is mostly GC-tracked containers (two adjacency sets per task), and building one
+    allocates 10^5 of them: every few thousand allocations the collector runs, and every so often
+    it traverses every live object — the graph being built, the simulator's graph, the builder's
+    plans — which cost about a third of an MCMC proposal's time on the larger zoo graphs.  What
+    the builder and the simulator allocate holds no reference cycles (sets of ints, tuples, flat
+    lists), so nothing is left for the collector to find; it resumes, and catches up with
+    anything else, when the outermost pause ends."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def add_tasks(g: TaskGraph, tasks, ats=None, out: list | None = None) -> list[int]:
+    """Add ``(key, resource, duration, kind, nbytes, label)`` tasks in order, as `TaskGraph._add`
+    would one by one; ``ats[n]`` is the id task n must reuse (-1: any).  Returns (and appends to
+    `out`) the id of every task added."""
+    if out is None:
+        out = []
+    if type(tasks) is not list:
+        tasks = list(tasks)
+    if tasks and _add_tasks_checked(g, tasks, ats, out):
+        return out
+    return _add_tasks_loop(g, tasks, ats, out)
+
+
+def _add_tasks_checked(g: TaskGraph, tasks: list, ats, out: list) -> bool:
+    """Add the whole batch column by column (C loops) when every task passes `TaskGraph._add`'s
+    checks and fits the compiled pass; False, with nothing changed, when one does not (the loop
+    then adds the batch, raising where `_add` would)."""
+    m = len(tasks)
+    try:
+        if set(map(len, tasks)) != _SIX:
+            return False
+        K, R, D, KIND, NB, LAB = zip(*tasks)
+        durs = list(map(float, D))
+        lens = list(map(len, K))
+    except (TypeError, ValueError):
+        return False
+    ids = g._id
+    if (set(map(type, K)) != _TUPLE or set(map(type, R)) != _INT
+            or not all(map(_is_int, chain.from_iterable(K)))
+            or not (all(map(_POSITIVE, durs)) and all(map(_FINITE, durs)))
+            or min(lens) == 0 or max(lens) > KEY_FIELDS
+            or min(map(min, K)) <= KEY_PAD or max(map(max, K)) > _QMAX
+            or len(set(K)) != m or not ids.keys().isdisjoint(K)):
+        return False
+    # Every task is valid: nothing below can fail.  Ids as `_add` assigns them in order: the
+    # given one, else the last free one, else the next beyond the end.
+    keys = g._key
+    n = len(keys)
+    free = g._free
+    neg = m if ats is None else ats.count(-1)
+    take = min(len(free), neg)
+    popped = free[-1:-take - 1:-1] if take else []
+    if take:
+        del free[-take:]
+    if ats is None:
+        I = popped + list(range(n, n + m - take))
+        old, new = range(take), range(take, m)
+    else:
+        fill = chain(popped, range(n, n + neg - take))
+        I = [at if at >= 0 else next(fill) for at in ats]
+        if neg == take:
+            old, new = range(m), range(m, m)
+        else:
+            old = [p for p in range(m) if I[p] < n]
+            new = [p for p in range(m) if I[p] >= n]
+    rindex, rlist = g._rindex, g._rlist
+    for r in dict.fromkeys(R):
+        if r not in rindex:
+            rindex[r] = len(rlist)
+            rlist.append(r)
+    X = list(map(rindex.__getitem__, R))
+    d = min(durs)
+    if d < g._dmin:
+        g._dmin = d
+    G = range(g._gseq + 1, g._gseq + m + 1)
+    g._gseq += m
+    rows = list(map(tuple.__add__, K, map(_PADS.__getitem__, lens)))
+    cols = ((K, keys, None), (R, g._res, None), (X, g._rix, g._a_rix), (durs, g._dur, g._a_dur),
+            (KIND, g._kind, None), (NB, g._nbytes, None), (LAB, g._label, None), (G, None, g._a_gen))
+    if old:
+        # Ids taken back (free or held): overwrite their slots, as `_add` does.
+        whole = len(old) == m
+        io = I if whole else list(map(I.__getitem__, old))
+        for col, lst, arr in cols:
+            vals = col if whole else list(map(col.__getitem__, old))
+            if lst is not None:
+                any(map(lst.__setitem__, io, vals))
+            if arr is not None:
+                any(map(arr.__setitem__, io, vals))
+        any(map(g._a_alive.__setitem__, io, repeat(1)))
+        _put_keys(g, io, rows if whole else list(map(rows.__getitem__, old)))
+    if new:
+        if len(new) < m:
+            cols = tuple((list(map(col.__getitem__, new)), lst, arr) for col, lst, arr in cols)
+            rows = list(map(rows.__getitem__, new))
+        k = len(rows)
+        for col, lst, arr in cols:
+            if lst is not None:
+                lst.extend(col)
+            if arr is not None:
+                arr.extend(col)
+        g._a_alive.frombytes(b"\x01" * k)
+        g._a_key.extend(chain.from_iterable(rows))
+        g._pred.extend([set() for _ in range(k)])
+        g._succ.extend([set() for _ in range(k)])
+    ids.update(zip(K, I))
+    if g._journal is not None:
+        g._journal.extend(zip(repeat(0), I))
+    g._version += m
+    out.extend(I)
+    return True
+
+
+def _put_keys(g: TaskGraph, io: list, rows: list) -> None:
+    """Overwrite the flat key rows of ids `io` (keys that fit, see `_add_tasks_checked`)."""
+    a_key = g._a_key
+    if len(io) > 16 and len(a_key) == len(g._key) * KEY_FIELDS:
+        import numpy as np
+        flat = np.frombuffer(a_key, np.int64).reshape(-1, KEY_FIELDS)
+        flat[io] = np.frombuffer(array("q", chain.from_iterable(rows)), np.int64).reshape(-1, KEY_FIELDS)
+        del flat  # releases the array's buffer: it may grow again
+    else:
+        for i, row in zip(io, rows):
+            a_key[i * KEY_FIELDS:(i + 1) * KEY_FIELDS] = array("q", row)
+
+
+def _add_tasks_loop(g: TaskGraph, tasks, ats, out: list) -> list[int]:
+    """`add_tasks` one task at a time: `TaskGraph._add`'s steps with the graph's lists bound once."""
+    ids, keys, res, rixs, durs = g._id, g._key, g._res, g._rix, g._dur
+    kinds, nbs, labels, preds, succs = g._kind, g._nbytes, g._label, g._pred, g._succ
+    a_dur, a_rix, a_key, a_alive, a_gen = g._a_dur, g._a_rix, g._a_key, g._a_alive, g._a_gen
+    free, rindex, rlist, journal = g._free, g._rindex, g._rlist, g._journal
+    emit = out.append
+    dmin, gseq, n0 = g._dmin, g._gseq, len(out)
+    # Tasks appended at the end of the id range go to the flat arrays at once, when the batch ends.
+    t_dur: list[float] = []
+    t_rix: list[int] = []
+    t_gen: list[int] = []
+    t_key: list = []
+    try:
+        for (key, resource, duration, kind, nbytes, label), at in zip(tasks, repeat(-1) if ats is None else ats):
+            if type(key) is not tuple or not all(map(_is_int, key)):
+                raise SimulationError(
+                    f"task key {key!r} must be a tuple of ints: keys order tasks on a tie, so they must "
+                    f"compare with each other")
+            if key in ids:
+                raise SimulationError(f"task {key!r} is already in the task graph; remove it first to replace it")
+            d = float(duration)
+            if not 0.0 < d < _INF:
+                _check_duration(key, duration)
+            if type(resource) is int:
+                r = resource
+            else:
+                try:
+                    r = _as_index(resource)
+                except TypeError:
+                    raise SimulationError(f"task {key!r}: resource {resource!r} must be an int") from None
+            rix = rindex.get(r)
+            if rix is None:
+                rix = rindex[r] = len(rlist)
+                rlist.append(r)
+            if d < dmin:
+                dmin = d
+            lk = len(key)
+            if lk <= KEY_FIELDS and (not key or min(key) > KEY_PAD):
+                row = key + _PADS[lk]
+            else:
+                row = _PADS[0]
+                g._compilable = False
+            gseq += 1
+            if at >= 0 or free:
+                i = at if at >= 0 else free.pop()
+                keys[i] = key
+                res[i] = r
+                rixs[i] = rix
+                durs[i] = d
+                kinds[i] = kind
+                nbs[i] = nbytes
+                labels[i] = label
+                a_dur[i] = d
+                a_rix[i] = rix
+                a_alive[i] = 1
+                a_gen[i] = gseq
+                try:
+                    a_key[i * KEY_FIELDS:(i + 1) * KEY_FIELDS] = array("q", row)
+                except OverflowError:
+                    g._compilable = False
+            else:
+                i = len(keys)
+                keys.append(key)
+                res.append(r)
+                rixs.append(rix)
+                durs.append(d)
+                kinds.append(kind)
+                nbs.append(nbytes)
+                labels.append(label)
+                preds.append(set())
+                succs.append(set())
+                t_dur.append(d)
+                t_rix.append(rix)
+                t_gen.append(gseq)
+                t_key.append(row)
+            ids[key] = i
+            if journal is not None:
+                journal.append((0, i))
+            emit(i)
+    finally:
+        g._dmin = dmin
+        g._gseq = gseq
+        g._version += len(out) - n0
+        if t_dur:
+            a_dur.extend(t_dur)
+            a_rix.extend(t_rix)
+            a_alive.frombytes(b"\x01" * len(t_dur))
+            a_gen.extend(t_gen)
+            _extend_keys(g, a_key, t_key)
+    return out
+
+
+def _extend_keys(g: TaskGraph, a_key: array, rows: list) -> None:
+    """Append padded key rows; a row with a field beyond 64 bits makes the graph use the Python
+    pass, exactly as `TaskGraph._add` handles it."""
+    n = len(a_key)
+    try:
+        a_key.extend(chain.from_iterable(rows))
+    except OverflowError:
+        del a_key[n:]
+        for row in rows:
+            try:
+                a_key.extend(row)
+            except OverflowError:
+                a_key.extend(_PADS[0])
+                g._compilable = False
+
+
+def resolve(g: TaskGraph, edges) -> tuple[list, list, tuple | None]:
+    """Ids of the ends of edges given by keys, up to the first unknown key: (sources,
+    destinations, that edge or None)."""
+    ids = g._id
+    if type(edges) is not list:
+        edges = list(edges)
+    try:
+        S, D = zip(*edges)
+        return list(map(ids.__getitem__, S)), list(map(ids.__getitem__, D)), None
+    except (KeyError, TypeError, ValueError):
+        pass
+    A: list[int] = []
+    B: list[int] = []
+    for src, dst in edges:
+        try:
+            a, b = ids[src], ids[dst]
+        except (KeyError, TypeError):
+            return A, B, (src, dst)
+        A.append(a)
+        B.append(b)
+    return A, B, None
+
+
+def unknown(g: TaskGraph, edge: tuple) -> None:
+    """Raise the error `TaskGraph.add_edge` raises for an edge with an unknown key."""
+    g._ix(edge[0])
+    g._ix(edge[1])
+
+
+def add_edges(g: TaskGraph, A: list, B: list, out: list | None = None) -> list:
+    """Add edges ``A[n] -> B[n]`` (ids) in order, as `TaskGraph._add_edge` would one by one.
+    Returns (and appends to `out`) the positions of the edges that were new."""
+    if out is None:
+        out = []
+    succ, pred = g._succ, g._pred
+    k = len(A)
+    if (k and not any(map(_eq, A, B)) and len(set(zip(A, B))) == k
+            and not any(map(set.__contains__, map(succ.__getitem__, A), B))):
+        # All new and none a loop: add them column by column (C loops), in order.
+        any(map(set.add, map(succ.__getitem__, A), B))
+        any(map(set.add, map(pred.__getitem__, B), A))
+        e0 = len(g._e_alive)
+        if g._journal is not None:
+            g._journal.extend(zip(repeat(2), A, B, range(e0, e0 + k)))
+        gen = g._a_gen
+        g._e_rec.extend(chain.from_iterable(zip(A, B, map(gen.__getitem__, A), map(gen.__getitem__, B))))
+        g._e_alive.frombytes(b"\x01" * k)
+        g._version += k
+        g._nedges += k
+        out.extend(range(k))
+        return out
+    gen, journal = g._a_gen, g._journal
+    emit = out.append
+    rec: list[int] = []
+    more = rec.extend
+    e0 = e = len(g._e_alive)
+    try:
+        for n, a, b in zip(range(k), A, B):
+            if a == b:
+                raise TaskGraphCycleError(f"edge {g._key[a]!r} -> itself would be a cycle of one task")
+            sa = succ[a]
+            if b in sa:
+                continue
+            sa.add(b)
+            pred[b].add(a)
+            if journal is not None:
+                journal.append((2, a, b, e))
+            more((a, b, gen[a], gen[b]))
+            e += 1
+            emit(n)
+    finally:
+        if e > e0:
+            g._version += e - e0
+            g._nedges += e - e0
+            g._e_rec.extend(rec)
+            g._e_alive.frombytes(b"\x01" * (e - e0))
+    return out

@@ -1,0 +1,250 @@
+"""The tasks and edges of one task group, computed once per configuration (FlexFlow sec. 5.1).
+
+`TaskGraphBuilder` builds a task graph group by group: an op's compute tasks (decided by its
+configuration), the transfers of one input edge (by the consumer's and the producer's
+configurations), the synchronization and updates of one parameter (by its users'
+configurations).  A group's tasks and edges are a pure function of those configurations — keys
+come from op and task indices, durations from the cost model's memoized estimates and the fixed
+topology — so the builder computes each group once as a *plan*: the tasks as ``(key, resource,
+duration, kind, nbytes, label)`` tuples and the edges as key pairs, in the order the group adds
+them.  A plan is added with one `add_tasks` and one `add_edges` call (`planner._bulk`), and kept:
+a full simulation of a strategy that differs from earlier ones in a few ops (what a search
+produces) rebuilds every other group from its plan, and a search that proposes a configuration
+again finds its groups ready.  The memo is bounded by the tasks and edges it holds.
+
+Within a group, tasks are added before edges; the order of tasks (hence their ids) and the order
+of edges are those of adding them one call at a time, interleaved, as the builder once did.
+"""
+
+from __future__ import annotations
+
+from .regions import Box, cells, volume
+
+#: Free ops (graph inputs, views) cost nothing in the cost model; their tasks still take this long
+#: because the simulator's FIFO order, and so delta simulation's exactness, need every task to take
+#: time (see `planner.simulator`).  A nanosecond changes no step time visibly.
+_MIN_TASK_SECONDS = 1e-9
+
+#: Barrier tasks of parameter synchronization run on virtual resources numbered from here, far
+#: above any device or link index.
+_VIRTUAL_RESOURCE_BASE = 1 << 40
+_LAST = 1 << 30
+
+#: A transfer smaller than this still costs its latency; below it we do not bother modelling it
+#: as a separate message (scalars such as partial losses).
+_MIN_TRANSFER_BYTES = 1.0
+
+#: Tasks plus edges the plan memo holds before it starts over (about 100 bytes each; a task
+#: graph of 10^5 tasks has some 5 * 10^5 tasks and edges).
+PLAN_MEMO_ITEMS = 3_000_000
+
+
+def fwd_key(i: int, t: int) -> tuple:
+    return (0, i, 0, t)
+
+
+def bwd_key(n_ops: int, i: int, t: int) -> tuple:
+    # Backward keys count ops from the end: on a tie, later ops' gradients go first, as in a
+    # backward pass issued in reverse program order.
+    return (1, n_ops - i, 0, t)
+
+
+class PlanMemo:
+    """Plans by (group, configurations), bounded by the tasks and edges they hold in total."""
+
+    __slots__ = ("_plans", "_items", "limit")
+
+    def __init__(self, limit: int = PLAN_MEMO_ITEMS) -> None:
+        self._plans: dict = {}
+        self._items = 0
+        self.limit = limit
+
+    def get(self, key):
+        return self._plans.get(key)
+
+    def put(self, key, plan: tuple) -> tuple:
+        size = len(plan[0]) + len(plan[1])
+        if self._items + size > self.limit:
+            self._plans.clear()  # a search keeps revisiting recent configurations: start over
+            self._items = 0
+        self._plans[key] = plan
+        self._items += size
+        return plan
+
+    def __len__(self) -> int:
+        return len(self._plans)
+
+
+def op_plan(b, i: int, op, cfg) -> tuple:
+    """(tasks, edges, keys) of op `i`'s forward and backward tasks under `cfg`."""
+    device = b.topology.devices
+    shapes = b._in_shapes[op.name]
+    task_cost = b.cost.task_cost
+    degrees = cfg.degrees
+    back = b.num_ops - i
+    name = op.name
+    est_on: dict = {}
+    tasks, edges, keys = [], [], []
+    for t, dev in enumerate(cfg.devices):
+        est = est_on.get(dev)
+        if est is None:
+            est = est_on[dev] = task_cost(op, degrees, device[dev], shapes)
+        fk, bk = (0, i, 0, t), (1, back, 0, t)
+        tasks.append((fk, dev, max(est.forward, _MIN_TASK_SECONDS), "forward", 0.0, name))
+        tasks.append((bk, dev, max(est.backward, _MIN_TASK_SECONDS), "backward", 0.0, name))
+        edges.append((fk, bk))
+        keys += (fk, bk)
+    return tasks, edges, tuple(keys)
+
+
+def _hop_tasks(tasks: list, base: tuple, latency: float, hops: tuple, nbytes: float) -> list:
+    """The link tasks of one transfer (one per link of its route); returns their keys."""
+    keys = []
+    for h, (res, bw, label) in enumerate(hops):
+        k = base + (h,)
+        tasks.append((k, res, latency + nbytes / bw, "comm", nbytes if h == 0 else 0.0, label))
+        keys.append(k)
+    return keys
+
+
+def edge_plan(b, i: int, op, j: int, ccfg, pcfg) -> tuple:
+    """(tasks, edges, keys) of input `j` of op `i`: same-device edges, and per cross-device
+    transfer its forward link tasks and the gradient's way back (see `TaskGraphBuilder`)."""
+    ref = op.inputs[j]
+    p = b.graph.index[ref.op]
+    itemsize = b.graph[ref.op].outputs[ref.index].itemsize
+    n = b.num_ops
+    pdev, cdev = pcfg.devices, ccfg.devices
+    # The grouping of `TaskGraphBuilder.transfers`, inlined: pieces per (producer task,
+    # consumer device), each distinct box counted once.
+    pieces: dict[tuple[int, int], dict[Box, list[int]]] = {}
+    edges = []
+    # Compute-task keys, made once per plan (all-to-all patterns name each many times).
+    pf = [(0, p, 0, t) for t in range(len(pdev))]
+    pb = [(1, n - p, 0, t) for t in range(len(pdev))]
+    cf = [(0, i, 0, t) for t in range(len(cdev))]
+    cb = [(1, n - i, 0, t) for t in range(len(cdev))]
+    for pt, ct, box in b.overlaps(op, j, ccfg.degrees, pcfg.degrees):
+        dd = cdev[ct]
+        if pdev[pt] == dd:
+            edges.append((pf[pt], cf[ct]))
+            edges.append((cb[ct], pb[pt]))
+        else:
+            per = pieces.get((pt, dd))
+            if per is None:
+                pieces[(pt, dd)] = {box: [ct]}
+            else:
+                cts = per.get(box)
+                if cts is None:
+                    per[box] = [ct]
+                else:
+                    cts.append(ct)
+    tasks, keys = [], []
+    hops_of = b._hops
+    for (pt, dd), boxes in pieces.items():
+        nbytes = max(float(sum(volume(x) for x in boxes) * itemsize), _MIN_TRANSFER_BYTES)
+        dst = sorted({ct for cts in boxes.values() for ct in cts})
+        sd = pdev[pt]
+        latency, hops = hops_of(sd, dd)
+        fkeys = _hop_tasks(tasks, (0, i, 1, j, pt, dd), latency * 1, hops, nbytes)
+        latency, hops = hops_of(dd, sd)
+        bkeys = _hop_tasks(tasks, (1, n - i, 1, j, pt, dd), latency * 1, hops, nbytes)
+        src_f, src_b = pf[pt], pb[pt]
+        dst_f = list(map(cf.__getitem__, dst))
+        dst_b = list(map(cb.__getitem__, dst))
+        for k in fkeys:
+            edges.append((src_f, k))
+            edges += [(k, c) for c in dst_f]
+        for k in bkeys:
+            edges += [(c, k) for c in dst_b]
+            edges.append((k, src_b))
+        keys += fkeys
+        keys += bkeys
+    return tasks, edges, tuple(keys)
+
+
+def param_plan(b, param: str, configs: tuple) -> tuple:
+    """(tasks, edges, keys) of parameter `param`'s synchronization and updates, its users
+    configured by `configs` (in the order of `graph.param_users`).
+
+    A group's ring starts when every replica's gradient is complete and every device's update
+    waits for the whole ring: two barrier tasks (1 ns each, on a virtual resource of their own so
+    they never queue) join the group's backward tasks to its ring transfers and the ring
+    transfers to the updates, which keeps the edge count linear in the group size.
+    """
+    g = b.graph
+    pi = b._param_index[param]
+    users = g.param_users[param]
+    n = b.num_ops
+    bwd_by_dev: dict[int, list] = {}
+    for u, cfg in zip(users, configs):
+        back = n - g.index[u]
+        for t, dev in enumerate(cfg.devices):
+            ws = bwd_by_dev.get(dev)
+            if ws is None:
+                bwd_by_dev[dev] = [(1, back, 0, t)]
+            else:
+                ws.append((1, back, 0, t))
+    holdings = b._holdings(users, configs, param)
+    spec = g.param_specs[param]
+    itemsize = spec.nbytes // max(1, _prod(spec.shape))
+    done_on: dict[int, list] = {}
+    tasks, edges, keys = [], [], []
+    for gi, (devs, nbytes) in enumerate(_sync_groups(holdings, spec)):
+        r = len(devs)
+        per_edge = 2.0 * (r - 1) / r * nbytes
+        vres = _VIRTUAL_RESOURCE_BASE + (pi << 16) + 2 * gi
+        start, end = (2, pi, gi, -1), (2, pi, gi, _LAST)
+        tasks.append((start, vres, _MIN_TASK_SECONDS, "barrier", 0.0, param))
+        tasks.append((end, vres + 1, _MIN_TASK_SECONDS, "barrier", 0.0, param))
+        keys += (start, end)
+        for d in devs:
+            edges += [(w, start) for w in bwd_by_dev.get(d, ())]
+            done_on.setdefault(d, []).append(end)
+        mult = 2 * (r - 1)
+        for e in range(r):
+            latency, hops = b._hops(devs[e], devs[(e + 1) % r])
+            for k in _hop_tasks(tasks, (2, pi, gi, e), latency * mult, hops, per_edge):
+                edges.append((start, k))
+                edges.append((k, end))
+                keys.append(k)
+    devices = b.topology.devices
+    update_time = b.cost.update_time
+    for dev, boxes in holdings.items():
+        held = _union_volume(boxes) * itemsize
+        k = (3, pi, dev)
+        tasks.append((k, dev, max(update_time(held, devices[dev], b.optimizer), _MIN_TASK_SECONDS),
+                      "update", 0.0, param))
+        edges += [(w, k) for w in done_on.get(dev) or bwd_by_dev.get(dev, ())]
+        keys.append(k)
+    return tasks, edges, tuple(keys)
+
+
+def _prod(xs) -> int:
+    n = 1
+    for x in xs:
+        n *= x
+    return n
+
+
+def _sync_groups(boxes_by_dev: dict[int, list[Box]], spec) -> list[tuple[tuple[int, ...], float]]:
+    """Devices that hold the same cells of a parameter must all-reduce those cells' gradients.
+
+    Returns (devices, bytes) per distinct device set with more than one device, in a
+    deterministic order.  Data parallelism gives one group of all replicas with the whole
+    parameter; splitting its parameter dimension gives one group per shard.
+    """
+    if len(boxes_by_dev) < 2:
+        return []
+    itemsize = spec.nbytes // max(1, _prod(spec.shape))
+    acc: dict[tuple[int, ...], int] = {}
+    for cell, holders in cells(boxes_by_dev):
+        if len(holders) > 1:
+            acc[holders] = acc.get(holders, 0) + volume(cell) * itemsize
+    return sorted(acc.items())
+
+
+def _union_volume(boxes: list[Box]) -> int:
+    if len(boxes) == 1:
+        return volume(boxes[0])
+    return sum(volume(cell) for cell, _ in cells({0: boxes}))
