@@ -71,6 +71,17 @@ class PlanMemo:
         self._items += size
         return plan
 
+    def forget(self, keys) -> None:
+        """Drop these plans (absent ones are ignored); `autopar bench simulator` uses it so a timed
+        full build does not find the plans the delta path just computed."""
+        for key in keys:
+            plan = self._plans.pop(key, None)
+            if plan is not None:
+                self._items -= len(plan[0]) + len(plan[1])
+
+    def keys(self) -> set:
+        return set(self._plans)
+
     def __len__(self) -> int:
         return len(self._plans)
 

@@ -20,3 +20,21 @@ def test_changes_mcmc_would_not_build_are_redrawn_unless_all_are_asked_for(monke
     row = bench_row("lenet", "p100-2x2", moves=2, fulls=1, seed=0)
     assert row["redrawn_too_big"] == 6 and row["changes"] == 4 and row["agree"] is True
     assert bench_row("lenet", "p100-2x2", moves=2, fulls=1, seed=0, all_changes=True)["redrawn_too_big"] == 0
+
+
+def test_the_timed_full_build_does_not_find_what_the_change_just_memoized():
+    from autopar.planner.cost import CostModel
+    from autopar.planner.presets import get_preset
+    from autopar.planner.strategy import ParallelConfig, data_parallel
+    from autopar.planner.taskgraph import DeltaSession, TaskGraphBuilder
+
+    from tests.planner.search._graphs import mlp
+    graph = mlp()
+    b = TaskGraphBuilder(graph, get_preset("p100-1x4"), CostModel())
+    session = DeltaSession(b, data_parallel(graph, 4))
+    before = bench_simulator._memo_keys(b)
+    op = graph.ops[1]
+    session.change(op.name, ParallelConfig((1,) * (len(op.pardims) - 1) + (2,), (2, 3)))
+    assert bench_simulator._memo_keys(b)[0] > before[0]  # the change memoized its groups
+    bench_simulator._forget_since(b, before)
+    assert bench_simulator._memo_keys(b) == before
