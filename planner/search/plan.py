@@ -240,8 +240,8 @@ def _too_big_to_start(builder: TaskGraphBuilder, name: str, start: Strategy | No
     est = estimate_tasks(builder, start, limit=MAX_RANDOM_START_TASKS_RATIO * ref)
     if est <= MAX_RANDOM_START_TASKS_RATIO * ref:
         return ""
-    return (f"not run: the random start's task graph would have over {est:,} tasks, {est / ref:.0f}x data "
-            f"parallelism's; its budget went to the other starts")
+    return (f"not run: the random start's task graph would have over {est:,} tasks, more than "
+            f"{MAX_RANDOM_START_TASKS_RATIO}x data parallelism's {ref:,}; its budget went to the other starts")
 
 
 def _start(name: str, graph: OperatorGraph, n: int, cands: dict[str, Candidate], seed: int, k: int) -> Strategy | None:
