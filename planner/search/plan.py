@@ -12,7 +12,8 @@ Steps (FlexFlow sec. 6 and 8):
 3. The placement-only search: MCMC restricted to the operation dimension (REINFORCE's space)
    from a single device and from the layer-per-GPU placement.
 4. MCMC over the SOAP space from several starts (default: data parallelism, the expert strategy,
-   OptCNN's result and a random strategy), slowest start first, each with a share of what is
+   OptCNN's result, OptCNN's result with one block of devices per recurrent layer
+   (`experts.layer_blocks`, RNNs only) and a random strategy), slowest start first, each with a share of what is
    left of `budget_s` that doubles from one start to the next faster one (four starts: 1/15,
    2/15, 4/15, 8/15); time a chain does not use passes to the ones after it.  Equal shares
    spent a quarter of nmt's budget walking down from a random strategy 4x slower than OptCNN's.
@@ -46,7 +47,7 @@ from ._result import Candidate, PlanResult, _bytes
 from .mcmc import DEFAULT_BETA_REL, ChainResult, SoapSpace, run_chain
 from .optcnn import OptCNNResult, optcnn
 
-DEFAULT_STARTS = ("data-parallel", "expert", "optcnn", "random")
+DEFAULT_STARTS = ("data-parallel", "expert", "optcnn", "layer-blocks", "random")
 BASELINES = ("data-parallel", "model-parallel", "expert")
 CANDIDATES = ("data-parallel", "model-parallel", "expert", "placement", "optcnn", "mcmc")
 
@@ -88,6 +89,14 @@ def plan(graph: OperatorGraph, topology: DeviceTopology, cost: CostModel | None 
             else:
                 cands["optcnn"] = _evaluate(builder, "optcnn", lambda: oc.strategy, seconds=oc.seconds,
                                             keep=sessions if "optcnn" in starts else None)
+
+        oc_cand = cands.get("optcnn")
+        if "layer-blocks" in starts and oc_cand is not None and oc_cand.strategy is not None:
+            blocks = experts.layer_blocks(graph, topology, oc_cand.strategy)
+            if blocks is not None:
+                ui.phase("simulating OptCNN's strategy with one block per recurrent layer")
+                cands["layer-blocks"] = _evaluate(builder, "layer-blocks", lambda: blocks, keep=sessions,
+                                                  max_tasks=max_tasks)
 
         chains: list[ChainResult] = []
         t0 = time.perf_counter()
@@ -251,6 +260,8 @@ def _start(name: str, graph: OperatorGraph, n: int, cands: dict[str, Candidate],
     c = cands.get(name)
     if c is not None:
         return c.strategy
+    if name == "layer-blocks":
+        return None  # the model has no recurrent layers to spread (or OptCNN did not run)
     raise StrategyError(f"unknown MCMC start {name!r}; starts are named candidates "
                         f"({', '.join(k for k in cands)}) or 'random'")
 
