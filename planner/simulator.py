@@ -223,12 +223,17 @@ class DeltaSimulator:
                 at = i
             elif j >= 0 and g._res[j] == resource:
                 at = j
-        n = g._add(key, resource, duration, kind, nbytes, label, at)
-        if at >= 0 and at == i:
+        self._book_added(key, at, g._add(key, resource, duration, kind, nbytes, label, at))
+        self._seen = g._version
+
+    def _book_added(self, key, at: int, n: int) -> None:
+        """Book task `n` just added under `key`, which took back id `at` (-1: none): a task of
+        the last batch revived keeps its place; otherwise it is new to this batch."""
+        if at >= 0 and self._revive.get(key, -1) == at:
             del self._revive[key]
-            del g._held[i]
-            del self._removed[i]
-            self._seeds.add(i)
+            del self._g._held[at]
+            del self._removed[at]
+            self._seeds.add(at)
         else:
             if at >= 0:
                 del self._grave[key]
@@ -236,7 +241,6 @@ class DeltaSimulator:
             self._new.add(n)
         if self._tracking:
             self._batch.absent(key)
-        self._seen = g._version
 
     def add_tasks(self, tasks) -> None:
         """`add_task` on each ``(key, resource, duration, kind, nbytes, label)`` in order, in one
@@ -287,19 +291,7 @@ class DeltaSimulator:
                         absent(t[0])
             else:
                 for t, at, n in zip(tasks, ats, out):
-                    key = t[0]
-                    if at >= 0 and revive.get(key, -1) == at:
-                        del revive[key]
-                        del g._held[at]
-                        del self._removed[at]
-                        self._seeds.add(at)
-                    else:
-                        if at >= 0:
-                            del grave[key]
-                            self._grave_hits += 1
-                        self._new.add(n)
-                    if self._tracking:
-                        self._batch.absent(key)
+                    self._book_added(t[0], at, n)
             self._seen = g._version
 
     def add_edges(self, edges) -> None:
