@@ -342,6 +342,34 @@ class DeltaSimulator:
         self._seeds.update(s for s in succ if s not in new)
         self._seen = g._version
 
+    def remove_tasks(self, keys) -> None:
+        """`remove_task` on each key in order, in one call (what `DeltaSession` uses)."""
+        if self._tracking:
+            for key in keys:
+                self.remove_task(key)
+            return
+        self._track()
+        g = self._g
+        ids, succs, remove = g._id, g._succ, g._remove
+        new, removed, seeds, revive = self._new, self._removed, self._seeds, self._revive
+        try:
+            for key in keys:
+                try:
+                    i = ids[key]
+                except (KeyError, TypeError):
+                    i = g._ix(key)  # raises the error `remove_task` gives
+                succ = succs[i]  # `_remove` gives the id a fresh set and leaves this one as it is
+                remove(i)
+                if i in new:
+                    new.discard(i)
+                else:
+                    removed[i] = None
+                    seeds.discard(i)
+                    revive[key] = i
+                seeds.update(filterfalse(new.__contains__, succ))
+        finally:
+            self._seen = g._version
+
     def add_edge(self, src, dst) -> None:
         g = self._g
         if g._version != self._seen:

@@ -49,7 +49,7 @@ from .regions import Box, intersect, volume
 from ._plans import (_LAST, _MIN_TASK_SECONDS, _MIN_TRANSFER_BYTES, _VIRTUAL_RESOURCE_BASE,  # noqa: F401
                      PlanMemo, _prod, _sync_groups, _union_volume, bwd_key, edge_plan, fwd_key,
                      op_plan, param_plan)
-from ._bulk import gc_paused
+from ._bulk import gc_paused, refreeze
 from .simulator import DeltaSimulator, TaskGraph, Timeline, simulate
 from .strategy import ParallelConfig, Strategy, check_config
 
@@ -283,6 +283,7 @@ class DeltaSession:
             for p in g.param_specs:
                 self._owned[("param", p)] = builder._add_param_group(self.sim, strategy, p)
             self.sim.resimulate()
+        refreeze()  # in a search (`_bulk.frozen_heap`), the collector leaves this graph alone
 
     @property
     def step_time(self) -> float:
@@ -336,9 +337,7 @@ class DeltaSession:
             return sim.makespan
         replaced = {}
         for owner in [("op", i) for i in ops] + list(edges) + [("param", p) for p in params]:
-            keys = replaced[owner] = self._owned.pop(owner, ())
-            for k in keys:
-                sim.remove_task(k)
+            sim.remove_tasks(replaced.setdefault(owner, self._owned.pop(owner, ())))
         self._replaced = replaced
         self._before = self.strategy.configs
         self.strategy = strategy

@@ -1,4 +1,4 @@
-"""Batched task-graph edits (`add_tasks`, `add_edges`) do exactly what the same calls one by one do."""
+"""Batched task-graph edits (`add_tasks`, `add_edges`, `remove_tasks`) do exactly what the same calls one by one do."""
 
 from __future__ import annotations
 
@@ -79,8 +79,11 @@ def test_batched_edits_equal_single_edits_through_a_delta_simulator(seed, track)
         olds = [k for k in sims[0][0].graph.keys() if k not in {t[0] for t in gone}][:20]
         new_edges = [(a, b) for a, b in zip(olds, keys) if a != b] + extra_edges
         for sim, apply in sims:
-            for t in gone:
-                sim.remove_task(t[0])
+            if apply is _apply_batched:
+                sim.remove_tasks([t[0] for t in gone])
+            else:
+                for t in gone:
+                    sim.remove_task(t[0])
             apply(sim, back + extra, new_edges)
         (a, _), (b, _) = sims
         assert (a._seeds, a._new, a._removed, a._revive, a._grave) == (b._seeds, b._new, b._removed, b._revive, b._grave)
@@ -126,3 +129,21 @@ def test_a_bad_edge_stops_a_batch_where_single_calls_stop(bad, error):
                     g.add_edge(*e)
         graphs.append(g)
     assert _state(graphs[0]) == _state(graphs[1]) and graphs[1].num_edges() == 2
+
+
+@pytest.mark.parametrize("track", [True, False])
+def test_an_unknown_key_stops_a_batched_removal_where_single_calls_stop(track):
+    sims = []
+    for _ in range(2):
+        g = TaskGraph()
+        g.add_tasks([((k,), 0, 1.0, "compute", 0.0, "") for k in (1, 2, 3)])
+        g.add_edges([((1,), (2,)), ((2,), (3,))])
+        sims.append(DeltaSimulator(g, track=track))
+    one, many = sims
+    with pytest.raises(UnknownTaskError, match=r"no task \(7,\)"):
+        for k in [(1,), (7,), (3,)]:
+            one.remove_task(k)
+    with pytest.raises(UnknownTaskError, match=r"no task \(7,\)"):
+        many.remove_tasks([(1,), (7,), (3,)])
+    assert _state(one.graph) == _state(many.graph) and len(many) == 2
+    assert (one._seeds, one._removed, one._revive) == (many._seeds, many._removed, many._revive)
