@@ -18,7 +18,9 @@ Steps (FlexFlow sec. 6 and 8):
    2/15, 4/15, 8/15); time a chain does not use passes to the ones after it.  Equal shares
    spent a quarter of nmt's budget walking down from a random strategy 4x slower than OptCNN's.
    A random start whose task graph would be over 10x data parallelism's (most of them at 64
-   GPUs) is not run, and the chain list says so.
+   GPUs) is not run, and the chain list says so.  A chain stops once it has gone half its share
+   without improving, so the last one can leave time over: that goes to restarts, new chains
+   from the best strategy found so far ("restart from <start>" in the chain list).
 5. The answer is the fastest candidate that fits in memory, re-simulated from scratch (full
    simulation) so the reported time is never a delta artefact.  When nothing beats data
    parallelism, the result is data parallelism and `note` says so.  When nothing fits, an
@@ -32,6 +34,7 @@ import random
 import sys
 import time
 
+from .._bulk import frozen_heap
 from ..baselines import named_strategy, register
 from ..cost import CostModel
 from ..errors import OutOfMemoryError, StrategyError
@@ -49,6 +52,7 @@ from .optcnn import OptCNNResult, optcnn
 
 DEFAULT_STARTS = ("data-parallel", "expert", "optcnn", "layer-blocks", "random")
 BASELINES = ("data-parallel", "model-parallel", "expert")
+MIN_RESTART_SECONDS = 2.0  # leftover MCMC budget below this is not worth a new chain
 CANDIDATES = ("data-parallel", "model-parallel", "expert", "placement", "optcnn", "mcmc")
 
 
@@ -72,7 +76,7 @@ def plan(graph: OperatorGraph, topology: DeviceTopology, cost: CostModel | None 
     cands: dict[str, Candidate] = {}
     sessions: dict[str, tuple] = {}  # delta sessions of evaluated starts, reused by their chains
     ui = _Progress(progress)
-    with ui:
+    with ui, frozen_heap():
         for name in BASELINES:
             ui.phase(f"simulating {name}")
             cands[name] = _evaluate(builder, name, lambda nm=name: named_strategy(nm, graph, topology),
@@ -130,6 +134,8 @@ def plan(graph: OperatorGraph, topology: DeviceTopology, cost: CostModel | None 
                                       beta_rel=beta_rel, max_proposals=max_proposals, session=session,
                                       memory=memory, on_progress=ui.chain(f"MCMC from {name}")))
         sessions.clear()
+        s_chains += _restarts(builder, s_chains, budget_s - (time.perf_counter() - t0), seed=seed,
+                              beta_rel=beta_rel, max_proposals=max_proposals, ui=ui)
         chains += s_chains
         ui.phase("verifying the best strategy with full simulation")
         best_chain = _best_of_chains(builder, "mcmc", s_chains, time.perf_counter() - t0, cands)
@@ -188,6 +194,31 @@ def placement_strategy(graph: OperatorGraph, topology: DeviceTopology, proposals
 
 
 # -- pieces ------------------------------------------------------------------------------------
+
+def _restarts(builder: TaskGraphBuilder, chains: list[ChainResult], left_s: float, *, seed: int,
+              beta_rel: float, max_proposals: int | None, ui) -> list[ChainResult]:
+    """Spend what the chains left of the budget (each stops after going half its share without
+    improving) on new chains from the best strategy found so far, each with all the time left
+    and a seed of its own, until less than `MIN_RESTART_SECONDS` or a tenth of the first
+    restart's time remains.  Counted searches (`max_proposals`) have no time to spend."""
+    out: list[ChainResult] = []
+    if max_proposals is not None or not math.isfinite(left_s):
+        return out
+    t0 = time.perf_counter()
+    floor = max(MIN_RESTART_SECONDS, left_s / 10)
+    n = 0
+    while True:
+        left = left_s - (time.perf_counter() - t0)
+        found = [c for c in chains + out if c.best is not None]
+        if left < floor or not found:
+            return out
+        best = min(found, key=lambda c: c.best_time)
+        origin = best.start.removeprefix("restart from ")
+        n += 1
+        out.append(run_chain(builder, best.best.renamed(f"restart from {origin}"), budget_s=left,
+                             rng=random.Random(f"{seed}:restart:{n}"), space=SoapSpace(builder.num_devices),
+                             beta_rel=beta_rel, on_progress=ui.chain(f"MCMC restart {n} from the best so far")))
+
 
 def _evaluate(builder: TaskGraphBuilder, name: str, build, seconds: float | None = None,
               keep: dict | None = None, max_tasks: int | None = None) -> Candidate:

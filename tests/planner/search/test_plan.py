@@ -97,3 +97,27 @@ def test_a_random_start_far_larger_than_data_parallelism_is_not_run_and_the_plan
     assert [c.start for c in r.chains if c.space == "soap" and c.proposals] != []
     out = json.loads(json.dumps(r.to_dict(), allow_nan=False))  # valid JSON: no NaN for the unknown start time
     assert next(c for c in out["chains"] if c["start"] == "random")["start_seconds"] is None
+
+
+def test_budget_the_chains_leave_goes_to_restarts_from_the_best_strategy_found(monkeypatch):
+    import importlib
+    plan_mod = importlib.import_module("autopar.planner.search.plan")
+    from autopar.planner.search.mcmc import ChainResult
+    from autopar.planner.strategy import data_parallel
+
+    graph, topo = diamond(), get_preset("p100-1x4")
+    builder = TaskGraphBuilder(graph, topo, CostModel())
+    dp = data_parallel(graph, topo.num_devices)
+    step = simulate_strategy(builder, dp)[0].step_time
+    worse = ChainResult("random", "soap", 2 * step, dp, 2 * step)
+    best = ChainResult("expert", "soap", step, dp, step)
+    monkeypatch.setattr(plan_mod, "MIN_RESTART_SECONDS", 0.05)
+    out = plan_mod._restarts(builder, [worse, best], 0.5, seed=0, beta_rel=400, max_proposals=None,
+                             ui=plan_mod._Progress(False))
+    assert out and all(c.start == "restart from expert" for c in out)
+    assert all(c.best_time <= step for c in out)  # a chain's best is never worse than its start
+    # A counted search has no leftover time to spend; neither has an endless one.
+    assert plan_mod._restarts(builder, [best], 0.5, seed=0, beta_rel=400, max_proposals=10,
+                              ui=plan_mod._Progress(False)) == []
+    assert plan_mod._restarts(builder, [best], float("inf"), seed=0, beta_rel=400, max_proposals=None,
+                              ui=plan_mod._Progress(False)) == []
