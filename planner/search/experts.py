@@ -21,7 +21,6 @@
 
 from __future__ import annotations
 
-import math
 import random
 
 import networkx as nx
@@ -32,7 +31,7 @@ from ..errors import StrategyError
 from ..graph import DimKind, Op, OperatorGraph
 from ..strategy import ParallelConfig, Strategy, check_config, data_parallel
 from ..topology import DeviceTopology
-from .mcmc import layers_of
+from .layer_blocks import layer_blocks  # noqa: F401  (re-exported: an expert-style start)
 
 
 def _largest(size: int, limit: int, granule: int = 1) -> int:
@@ -161,45 +160,6 @@ def expert(graph: OperatorGraph, topology: DeviceTopology) -> Strategy:
 def expert_applies(graph: OperatorGraph) -> bool:
     return (any(_is_conv_or_pool(op) for op in graph.ops)
             or any(len(users) > 1 for users in graph.param_users.values()))
-
-
-def layer_blocks(graph: OperatorGraph, topology: DeviceTopology, base: Strategy) -> Strategy | None:
-    """`base` with every recurrent layer (the unrolled steps sharing one set of parameters) on a
-    block of its own: FlexFlow sec. 8.5's third insight for NMT, "concurrency among different
-    layers as well as parallelism within each operation".  With k layers on n devices each gets
-    an aligned block of the largest power of two <= n / k devices (blocks wrap around when k > n),
-    and each step keeps its configuration in `base` with the largest degrees halved until its
-    tasks fit the block.  Other ops keep `base`'s configuration.  None when the model has fewer
-    than two such layers or a step's degrees cannot be scaled down evenly.
-
-    On nmt and 16 P100s, OptCNN's strategy (every layer 4 × 4 on all 16 GPUs, 59.4 ms) becomes
-    each LSTM layer 2 × 2 on its own node: 56.6 ms, a better start for MCMC."""
-    groups = sorted((m for m in set(layers_of(graph).values())
-                     if any(r.op in m for x in m for r in graph[x].inputs)),  # recurrent: steps feed steps
-                    key=lambda m: graph.index[m[0]])
-    if len(groups) < 2:
-        return None
-    n = topology.num_devices
-    size = 1
-    while size * 2 <= max(1, n // len(groups)):
-        size *= 2
-    cfgs = dict(base.items())
-    for k, members in enumerate(groups):
-        start = (k * size) % n
-        for m in members:
-            degrees = list(base[m].degrees)
-            while math.prod(degrees) > size:
-                j = max(range(len(degrees)), key=lambda x: degrees[x])
-                if degrees[j] % 2:
-                    return None
-                degrees[j] //= 2
-            cfg = ParallelConfig(tuple(degrees), tuple(range(start, start + math.prod(degrees))))
-            try:
-                check_config(graph[m], cfg, n)
-            except StrategyError:
-                return None
-            cfgs[m] = cfg
-    return Strategy.from_mapping(graph, cfgs, "layer-blocks")
 
 
 # -- placement only --------------------------------------------------------------------------

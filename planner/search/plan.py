@@ -12,8 +12,9 @@ Steps (FlexFlow sec. 6 and 8):
 3. The placement-only search: MCMC restricted to the operation dimension (REINFORCE's space)
    from a single device and from the layer-per-GPU placement.
 4. MCMC over the SOAP space from several starts (default: data parallelism, the expert strategy,
-   OptCNN's result, OptCNN's result with one block of devices per recurrent layer
-   (`experts.layer_blocks`, RNNs only) and a random strategy), slowest start first, each with a share of what is
+   OptCNN's result, OptCNN's result with one block of devices per recurrent layer and the ops
+   around each layer alongside it (`layer_blocks`, RNNs only: FlexFlow 8.5's NMT strategy; the
+   faster of that and the layers alone) and a random strategy), slowest start first, each with a share of what is
    left of `budget_s` that doubles from one start to the next faster one (four starts: 1/15,
    2/15, 4/15, 8/15); time a chain does not use passes to the ones after it.  Equal shares
    spent a quarter of nmt's budget walking down from a random strategy 4x slower than OptCNN's.
@@ -96,11 +97,10 @@ def plan(graph: OperatorGraph, topology: DeviceTopology, cost: CostModel | None 
 
         oc_cand = cands.get("optcnn")
         if "layer-blocks" in starts and oc_cand is not None and oc_cand.strategy is not None:
-            blocks = experts.layer_blocks(graph, topology, oc_cand.strategy)
+            ui.phase("simulating OptCNN's strategy with one block per recurrent layer")
+            blocks = _layer_blocks(builder, oc_cand.strategy, sessions, max_tasks)
             if blocks is not None:
-                ui.phase("simulating OptCNN's strategy with one block per recurrent layer")
-                cands["layer-blocks"] = _evaluate(builder, "layer-blocks", lambda: blocks, keep=sessions,
-                                                  max_tasks=max_tasks)
+                cands["layer-blocks"] = blocks
 
         chains: list[ChainResult] = []
         t0 = time.perf_counter()
@@ -218,6 +218,26 @@ def _restarts(builder: TaskGraphBuilder, chains: list[ChainResult], left_s: floa
         out.append(run_chain(builder, best.best.renamed(f"restart from {origin}"), budget_s=left,
                              rng=random.Random(f"{seed}:restart:{n}"), space=SoapSpace(builder.num_devices),
                              beta_rel=beta_rel, on_progress=ui.chain(f"MCMC restart {n} from the best so far")))
+
+
+def _layer_blocks(builder: TaskGraphBuilder, base: Strategy, sessions: dict, max_tasks: int | None) -> Candidate | None:
+    """`experts.layer_blocks` of `base` with and without the ops around the layers, both
+    simulated; the faster one that fits (with its delta session, into `sessions`), or None
+    when the graph has no recurrent layers to spread."""
+    found = []
+    for neighbours, note in ((True, "recurrent layers on blocks of their own, the ops around them alongside"),
+                             (False, "recurrent layers on blocks of their own")):
+        strategy = experts.layer_blocks(builder.graph, builder.topology, base, neighbours=neighbours)
+        if strategy is None:
+            continue
+        kept: dict = {}
+        c = _evaluate(builder, "layer-blocks", lambda s=strategy: s, keep=kept, max_tasks=max_tasks)
+        found.append((Candidate(c.name, c.strategy, c.step_time, c.peak_memory, c.fits, c.seconds, c.note or note), kept))
+    if not found:
+        return None
+    best, kept = min(found, key=lambda f: (not f[0].fits, f[0].step_time if f[0].step_time is not None else math.inf))
+    sessions.update(kept)
+    return best
 
 
 def _evaluate(builder: TaskGraphBuilder, name: str, build, seconds: float | None = None,

@@ -74,28 +74,3 @@ def test_the_placement_space_keeps_every_op_whole_on_one_device():
     s = named_strategy("placement", graph, get_preset("p100-1x4"))
     assert all(space.contains(op, s[op.name]) for op in graph.ops)
 
-
-
-
-def test_layer_blocks_put_each_recurrent_layer_on_its_own_block_and_leave_the_rest():
-    from autopar.planner.search.experts import layer_blocks
-    from autopar.planner.search.mcmc import layers_of
-    from autopar.planner.strategy import data_parallel
-    graph = zoo("rnntc", hidden=64, embed=64, steps=4, vocab=512)
-    topo = get_preset("p100-4x4")
-    base = data_parallel(graph, 16)
-    s = layer_blocks(graph, topo, base)
-    layers = sorted({m for m in layers_of(graph).values() if graph[m[0]].kind == "lstm_cell"},
-                    key=lambda m: graph.index[m[0]])
-    assert len(layers) == 4
-    blocks = []
-    for members in layers:
-        cfgs = {s[m] for m in members}
-        assert len(cfgs) == 1  # every step of a layer alike
-        cfg = cfgs.pop()
-        assert cfg.devices == tuple(range(cfg.devices[0], cfg.devices[0] + 4)) and cfg.devices[0] % 4 == 0
-        blocks.append(cfg.devices[0])
-    assert sorted(blocks) == [0, 4, 8, 12]
-    in_layers = {m for members in layers for m in members}
-    assert all(s[op.name] == base[op.name] for op in graph.ops if op.name not in in_layers)
-    assert layer_blocks(zoo("lenet"), topo, data_parallel(zoo("lenet"), 16)) is None  # no recurrent layers
