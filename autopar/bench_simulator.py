@@ -19,6 +19,10 @@ strategy is also simulated in full (build the whole task
 graph and run Algorithm 1 — memory accounting, which both paths can skip, is not timed) and timed, and the two timelines are compared task by task; `agree` is true
 only if every compared timeline was identical.
 
+Each row runs in the garbage-collection regime of a search (`planner._bulk.frozen_heap`: the
+long-lived heap frozen, and what a build or a change allocates frozen after it), for both paths
+alike: the full path's build and the delta path's changes are timed under the same collector.
+
 Both paths share the builder's memos (per-configuration task groups, region overlaps, op costs)
 of everything earlier changes computed, as a search does; what the change being measured
 computed is dropped before its full simulation is timed, so each path pays for the new
@@ -36,6 +40,7 @@ import sys
 import time
 from typing import Any
 
+from autopar.planner._bulk import frozen_heap
 from autopar.planner.cost import CostModel
 from autopar.planner.fx_import import import_spec
 from autopar.planner.presets import get_preset
@@ -76,6 +81,12 @@ def _forget_since(builder: TaskGraphBuilder, before: tuple) -> None:
 
 def bench_row(model: str, topology: str, moves: int, fulls: int, seed: int, progress: bool = False,
               uniform: bool = False, all_changes: bool = False) -> dict[str, Any]:
+    with frozen_heap():  # as in a search, for both paths (module docstring)
+        return _bench_row(model, topology, moves, fulls, seed, progress, uniform, all_changes)
+
+
+def _bench_row(model: str, topology: str, moves: int, fulls: int, seed: int, progress: bool,
+               uniform: bool, all_changes: bool) -> dict[str, Any]:
     graph = import_spec(load_model_for_planning(model))
     topo = get_preset(topology)
     builder = TaskGraphBuilder(graph, topo, CostModel().bind(graph))

@@ -4,9 +4,10 @@ Building a task graph (FlexFlow sec. 5.1) adds some 10^5 tasks and several times
 and every MCMC proposal (sec. 6.2) rebuilds thousands of them; one call per task or edge spends
 most of its time on call overhead, attribute lookups and per-call bookkeeping.  The functions here
 do exactly what `TaskGraph._add` and `TaskGraph._add_edge` do, element by element and in the given
-order — same ids, same validation and error messages, same journal entries, same edge-pool
-records — with the graph's lists bound once per batch and the counters (version, edge count,
-generations, smallest duration) written back once.  A batch that meets an invalid element stops
+order — same ids, same validation and error messages, same edge-pool records, and journal
+entries that undo the same edits (a whole batch in one entry) — with the graph's lists bound once
+per batch and the counters (version, edge count, generations, smallest duration) written back
+once.  A batch that meets an invalid element stops
 there, with every element before it added, exactly as the same calls one by one would leave it.
 """
 
@@ -16,8 +17,9 @@ import gc
 import math
 from contextlib import contextmanager
 from array import array
-from itertools import chain, repeat
+from itertools import chain, compress, repeat
 from operator import eq as _eq
+from operator import not_ as _not
 from operator import index as _as_index
 
 from ._taskstore import _PADS, KEY_FIELDS, KEY_PAD, TaskGraph, _check_duration, _is_int
@@ -57,15 +59,19 @@ _frozen_depth = 0
 @contextmanager
 def frozen_heap():
     """Keep the cyclic garbage collector off everything alive when a search starts, and off
-    each task graph a search builds (`refreeze`), for as long as the search runs.
+    each task graph a search builds and each change a `DeltaSession` makes (`refreeze`), for as
+    long as the search runs.
 
     A search keeps 10^5–10^6 long-lived containers (task graphs, plan memos, the traced model,
     torch's modules) and every proposal adds and drops thousands more, so every few dozen
     proposals CPython's oldest-generation collection walks them all: 0.1–0.5 s each, a tenth of
     an nmt chain's time at 16 GPUs.  Collecting once and then `gc.freeze()`-ing what survives
-    leaves later collections only the young objects.  Objects frozen stay subject to reference
-    counting, so what the search drops is freed as usual; cyclic garbage made during the search
-    and frozen with a task graph waits for the end, when everything is unfrozen."""
+    leaves later collections only the young objects.  A change of 10^4 tasks allocates some 10^5
+    young containers (adjacency sets, journal and plan entries): freezing them too (`gc.freeze`
+    is O(1)) spares every change one traversal of them, which cost as much as re-timing it.
+    Objects frozen stay subject to reference counting, so what the search drops is freed as
+    usual; cyclic garbage made during the search and frozen with a change waits for the end,
+    when everything is unfrozen."""
     global _frozen_depth
     if _frozen_depth or not gc.isenabled():
         _frozen_depth += 1
@@ -187,7 +193,7 @@ def _add_tasks_checked(g: TaskGraph, tasks: list, ats, out: list) -> bool:
         g._succ.extend([set() for _ in range(k)])
     ids.update(zip(K, I))
     if g._journal is not None:
-        g._journal.extend(zip(repeat(0), I))
+        g._journal.append((5, I))  # one entry per batch (`TaskGraph._rollback`)
     g._version += m
     out.extend(I)
     return True
@@ -349,46 +355,64 @@ def add_edges(g: TaskGraph, A: list, B: list, out: list | None = None) -> list:
     Returns (and appends to `out`) the positions of the edges that were new."""
     if out is None:
         out = []
-    succ, pred = g._succ, g._pred
     k = len(A)
-    if (k and not any(map(_eq, A, B)) and len(set(zip(A, B))) == k
-            and not any(map(set.__contains__, map(succ.__getitem__, A), B))):
-        # All new and none a loop: add them column by column (C loops), in order.
-        any(map(set.add, map(succ.__getitem__, A), B))
-        any(map(set.add, map(pred.__getitem__, B), A))
-        e0 = len(g._e_alive)
-        if g._journal is not None:
-            g._journal.extend(zip(repeat(2), A, B, range(e0, e0 + k)))
-        gen = g._a_gen
-        g._e_rec.extend(chain.from_iterable(zip(A, B, map(gen.__getitem__, A), map(gen.__getitem__, B))))
-        g._e_alive.frombytes(b"\x01" * k)
-        g._version += k
-        g._nedges += k
-        out.extend(range(k))
+    if not k:
         return out
-    gen, journal = g._a_gen, g._journal
+    if any(map(_eq, A, B)):
+        return _add_edges_loop(g, A, B, out)  # raises at the loop, after the edges before it
+    succ = g._succ
+    if len(set(zip(A, B))) == k:
+        if not any(map(set.__contains__, map(succ.__getitem__, A), B)):
+            _add_new_edges(g, A, B)  # the common case: all new
+            out.extend(range(k))
+            return out
+        P = list(compress(range(k), map(_not, map(set.__contains__, map(succ.__getitem__, A), B))))
+    else:
+        # Repeated edges: the first of each, if the graph lacks it (pair -> first position).
+        first = dict(zip(zip(reversed(A), reversed(B)), range(k - 1, -1, -1)))
+        P = sorted(compress(first.values(), map(_not, map(set.__contains__, map(succ.__getitem__, map(
+            A.__getitem__, first.values())), map(B.__getitem__, first.values())))))
+    if P:
+        _add_new_edges(g, list(map(A.__getitem__, P)), list(map(B.__getitem__, P)))
+        out.extend(P)
+    return out
+
+
+def _add_new_edges(g: TaskGraph, A: list, B: list) -> None:
+    """Add edges none of which the graph has, none repeated and none a loop, column by column
+    (C loops), in order."""
+    k = len(A)
+    succ, pred = g._succ, g._pred
+    any(map(set.add, map(succ.__getitem__, A), B))
+    any(map(set.add, map(pred.__getitem__, B), A))
+    e0 = len(g._e_alive)
+    if g._journal is not None:
+        g._journal.append((6, e0, A, B))  # one entry per batch (`TaskGraph._rollback`)
+    gen = g._a_gen
+    g._e_rec.extend(chain.from_iterable(zip(A, B, map(gen.__getitem__, A), map(gen.__getitem__, B))))
+    g._e_alive.frombytes(b"\x01" * k)
+    g._version += k
+    g._nedges += k
+
+
+def _add_edges_loop(g: TaskGraph, A: list, B: list, out: list) -> list:
+    """`add_edges` one edge at a time, for a batch with a loop (which raises where it is)."""
+    succ = g._succ
     emit = out.append
-    rec: list[int] = []
-    more = rec.extend
-    e0 = e = len(g._e_alive)
+    NA: list[int] = []
+    NB: list[int] = []
+    seen: set = set()
     try:
-        for n, a, b in zip(range(k), A, B):
+        for n, a, b in zip(range(len(A)), A, B):
             if a == b:
                 raise TaskGraphCycleError(f"edge {g._key[a]!r} -> itself would be a cycle of one task")
-            sa = succ[a]
-            if b in sa:
+            if b in succ[a] or (a, b) in seen:
                 continue
-            sa.add(b)
-            pred[b].add(a)
-            if journal is not None:
-                journal.append((2, a, b, e))
-            more((a, b, gen[a], gen[b]))
-            e += 1
+            seen.add((a, b))
+            NA.append(a)
+            NB.append(b)
             emit(n)
     finally:
-        if e > e0:
-            g._version += e - e0
-            g._nedges += e - e0
-            g._e_rec.extend(rec)
-            g._e_alive.frombytes(b"\x01" * (e - e0))
+        if NA:
+            _add_new_edges(g, NA, NB)
     return out

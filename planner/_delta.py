@@ -19,6 +19,7 @@ Why it is exact, and how the cut and the convergence test are chosen, is in the 
 from __future__ import annotations
 
 import math
+from array import array
 from bisect import bisect_left, bisect_right
 from heapq import heapify, heappop, heappush, heapreplace
 from itertools import chain, islice, repeat
@@ -89,7 +90,8 @@ def delta_pass(g: TaskGraph, S, seeds, new, removed, limit: float = INF,
     # (`bind`); one whose inputs are all before the cut is ready now.
     S._epoch += 1
     ep = S._epoch
-    sm, st, W = S._sm, S._st, S._watch
+    sm, st = S._sm, S._st
+    W: dict[int, list] = {}  # task -> the tasks that watch it
     ordy = rdy[:]
     oen = en[:]
     any(map(en.__setitem__, islice(seq, cut, None), repeat(INF)))
@@ -106,7 +108,7 @@ def delta_pass(g: TaskGraph, S, seeds, new, removed, limit: float = INF,
                 v = oen[p] if simf[p] else INF
                 if v > bv:
                     best, bv = p, v
-        w = W[best]
+        w = W.get(best)
         if w is None:
             W[best] = [x]
         else:
@@ -118,7 +120,7 @@ def delta_pass(g: TaskGraph, S, seeds, new, removed, limit: float = INF,
             continue  # seeds below; removed tasks never run
         b = bind[x]
         if b >= 0 and en[b] == INF:
-            w = W[b]
+            w = W.get(b)
             if w is None:
                 W[b] = [x]
             else:
@@ -176,9 +178,8 @@ def delta_pass(g: TaskGraph, S, seeds, new, removed, limit: float = INF,
             changed.append(t)
             quiet = 0
         top = True  # heap[0] is still t's entry: the first ready watcher replaces it
-        ws = W[t]
+        ws = W.pop(t, None)
         if ws is not None:
-            W[t] = None
             for x in ws:
                 ps = pred[x]
                 rx = e if len(ps) == 1 else max(map(en.__getitem__, ps))
@@ -251,7 +252,6 @@ def delta_pass(g: TaskGraph, S, seeds, new, removed, limit: float = INF,
         # Tasks from the stop on keep their old times (some were waiting or queued).
         tail = seq[i:]
         any(map(en.__setitem__, tail, map(oen.__getitem__, tail)))
-        any(map(W.__setitem__, tail, repeat(None)))
     else:
         i = L  # the whole old suffix is replaced
         if cut + len(order) != len(g._id):
@@ -267,7 +267,6 @@ def delta_pass(g: TaskGraph, S, seeds, new, removed, limit: float = INF,
         simf[t] = True
     for x in removed:
         simf[x] = False
-        W[x] = None
     every = S._every
     v = at_cut
     mid_pos: list[int] = []
@@ -285,7 +284,7 @@ def delta_pass(g: TaskGraph, S, seeds, new, removed, limit: float = INF,
         del mid_pos[0], mid_vec[0]
     S._ck_pos = pos[:lo] + mid_pos + [p + shift for p in pos[hi:]]
     S._ck_vec = vecs[:lo] + mid_vec + vecs[hi:]
-    seq[cut:i] = order
+    seq[cut:i] = array("q", order)
     S._makespan = makespan
     S._final = final
     S._broken = False

@@ -48,27 +48,46 @@ def compiled(g: TaskGraph) -> bool:
     return not PURE_PYTHON and _fastpass is not None and g._compilable
 
 
-def timed_pass(g: TaskGraph, every: int = 0, python: bool = False):
+def timed_pass(g: TaskGraph, every: int = 0, python: bool = False, compact: bool = True):
     """Algorithm 1 on `g`, compiled when possible: (ready, start, end, bind, order, last end per
-    resource index, checkpoint positions, checkpoint vectors) as lists, the checkpoints every
-    `every` tasks of the order (only position 0 when `every` is 0)."""
+    resource index, checkpoint positions, checkpoint vectors), the checkpoints every `every`
+    tasks of the order (only position 0 when `every` is 0).  The compiled pass drops dead records
+from the edge pool first when they are many, unless `compact` is false (a `DeltaSimulator`
+compacts between batches: compaction renumbers the pool its journal refers to).
+
+    The per-id times and the order are flat `array.array`s ('d' and 'q'), the rest lists.  Flat
+    arrays because a delta simulator keeps them between passes: the compiled pass's results copy
+    into them at memory speed (converting 10^5 floats to a list costs milliseconds), and the
+    cyclic garbage collector, which traverses every element of a young list, ignores them."""
     if not python and compiled(g):
+        if compact and compaction_due(g):
+            compact_edges(g)
         return _compiled_pass(g, every)
     rdy, st, en, bind, seq, last = full_pass(g)
     if every:
         pos, vecs = checkpoints(seq, en, g._rix, len(g._rlist), every)
     else:
         pos, vecs = [0], [[0.0] * len(g._rlist)]
-    return rdy, st, en, bind, seq, last, pos, vecs
+    return array("d", rdy), array("d", st), array("d", en), array("q", bind), array("q", seq), last, pos, vecs
+
+
+def _flat(typecode: str, a) -> array:
+    """A numpy array's contents as an `array.array` (one memory copy)."""
+    out = array(typecode)
+    out.frombytes(memoryview(_np.ascontiguousarray(a)).cast("B"))
+    return out
 
 
 def _view(a: array, dtype):
     return _np.frombuffer(a, dtype) if len(a) else _np.zeros(0, dtype)
 
 
+def compaction_due(g: TaskGraph) -> bool:
+    """Does the edge pool hold so many dead records that a pass should drop them first?"""
+    return len(g._e_alive) > 2 * g._nedges + 65536
+
+
 def _compiled_pass(g: TaskGraph, every: int):
-    if len(g._e_alive) > 2 * g._nedges + 65536:
-        _compact_edges(g)
     nres = len(g._rlist)
     cap = len(g._key)
     i64 = _np.int64
@@ -86,10 +105,11 @@ def _compiled_pass(g: TaskGraph, every: int):
     check_resolution(g, max(last, default=0.0))
     pos = list(range(0, max(count, 1), step)) if every else [0]
     vecs = ck.tolist() if every else [[0.0] * nres]
-    return rdy.tolist(), st.tolist(), en.tolist(), bind.tolist(), seq.tolist(), last, pos, vecs
+    return (_flat("d", rdy), _flat("d", st), _flat("d", en), _flat("q", bind), _flat("q", seq), last,
+            pos, vecs)
 
 
-def _compact_edges(g: TaskGraph) -> None:
+def compact_edges(g: TaskGraph) -> None:
     """Drop dead records from the edge pool (it only grows between compactions)."""
     rec = _view(g._e_rec, _np.int64).reshape(-1, 4)
     ok = _fastpass.live_edges(_view(g._a_alive, _np.int8), _view(g._a_gen, _np.int64), rec,

@@ -20,10 +20,8 @@ from __future__ import annotations
 import math
 from array import array
 from dataclasses import dataclass
-from itertools import chain, compress, repeat
+from itertools import compress, repeat
 from operator import index as _as_index
-from operator import itemgetter
-from operator import not_ as _not
 from typing import Iterator
 
 from .errors import SimulationError, TaskGraphCycleError, UnknownTaskError
@@ -327,39 +325,39 @@ class TaskGraph:
     def _rollback(self, journal: list) -> None:
         """Undo the edits `journal` recorded, newest first: the graph becomes what it was, every
         task under its old id.  Ids of undone additions are dead afterwards; the caller rebuilds
-        the free list (`_free_dead`)."""
+        the free list (`_free_dead`).
+
+        Journal entries: ``(0, id)`` a task added, ``(1, id, key, ..., preds, succs)`` one
+        removed, ``(2, a, b, pool index)`` an edge added, ``(3, a, b, pool indices killed)`` one
+        removed, ``(4, id, old duration)``; batches (`planner._bulk`) record ``(5, ids)`` for
+        tasks and ``(6, first pool index, sources, targets)`` for edges, so a rollback costs C
+        loops over the batch, not a Python step per element."""
         ids, key_, pred, succ = self._id, self._key, self._pred, self._succ
         alive, e_alive = self._a_alive, self._e_alive
         self._journal = None
-        # Ids whose first edit in the batch added them die at the end (the others were there
-        # before and come back); their edges need no set surgery on their side, and an edge
-        # between two of them none at all (its pool record dies with them).
-        first: dict[int, int] = {}
-        for e in compress(journal, map((1).__ge__, map(itemgetter(0), journal))):
-            first.setdefault(e[1], e[0])
-        new = {i for i, op in first.items() if op == 0}
-        # Consecutive additions of tasks, or of edges, are undone together (their undos commute).
-        run: list = []
-        rop = -2
-        for entry in chain(reversed(journal), ((-1, -1),)):
+        # Ids whose first edit in the batch added them die at the end; the others were there
+        # before and come back.  Edges from or to the former need no set surgery on that side
+        # (their sets are cleared), only on the side of the latter.
+        old = bytearray(b"\x01") * len(key_)
+        for entry in reversed(journal):
+            op = entry[0]
+            if op == 5:
+                any(map(old.__setitem__, entry[1], repeat(0)))
+            elif op == 0:
+                old[entry[1]] = 0
+            elif op == 1:
+                old[entry[1]] = 1
+        for entry in reversed(journal):
             op, i = entry[0], entry[1]
-            if op == rop:
-                run.append(entry)
-                continue
-            if run:
-                if rop == 2:
-                    self._undo_edges(run, new)
-                else:
-                    self._undo_tasks(run)
-                run = []
-            if op == 0 or op == 2:
-                rop = op
-                run.append(entry)
-                continue
-            rop = -2
-            if op == -1:
-                break
-            if op == 1:    # a task removed
+            if op == 6:
+                self._undo_edges(i, entry[2], entry[3], old)
+            elif op == 5:
+                self._undo_tasks(i)
+            elif op == 2:
+                self._undo_edges(entry[3], (i,), (entry[2],), old)
+            elif op == 0:
+                self._undo_tasks((i,))
+            elif op == 1:    # a task removed
                 _, _, key, res, rix, dur, kind, nbytes, label, gen, ps, ss = entry
                 key_[i], self._res[i], self._rix[i], self._dur[i] = key, res, rix, dur
                 self._kind[i], self._nbytes[i], self._label[i] = kind, nbytes, label
@@ -372,7 +370,6 @@ class TaskGraph:
                 any(map(set.add, map(succ.__getitem__, ps), repeat(i)))
                 any(map(set.add, map(pred.__getitem__, ss), repeat(i)))
                 self._nedges += len(ps) + len(ss)
-                self._held.pop(i, None)
             elif op == 3:    # an edge removed
                 b = entry[2]
                 succ[i].add(b)
@@ -384,33 +381,24 @@ class TaskGraph:
                 self._dur[i] = self._a_dur[i] = entry[2]
         self._version += 1
 
-    def _undo_tasks(self, run: list) -> None:
-        """Undo added tasks ``(0, id)`` (their edges to old tasks are gone already)."""
-        I = list(map(itemgetter(1), run))
-        k = len(I)
+    def _undo_tasks(self, I) -> None:
+        """Undo added tasks `I` (ids; their edges to old tasks are gone already)."""
         any(map(self._id.__delitem__, map(self._key.__getitem__, I)))
         any(map(self._a_alive.__setitem__, I, repeat(0)))
-        any(map(self._pred.__setitem__, I, map(set, repeat((), k))))
-        any(map(self._succ.__setitem__, I, map(set, repeat((), k))))
-        any(map(self._held.pop, I, repeat(None)))
+        any(map(set.clear, map(self._pred.__getitem__, I)))
+        any(map(set.clear, map(self._succ.__getitem__, I)))
 
-    def _undo_edges(self, run: list, new: set) -> None:
-        """Undo added edges ``(2, a, b, pool index)``: an edge from a task added in the batch
-        needs no set surgery on its side nor its pool record killed (both die with the task), an
-        edge to one none on the other side."""
-        self._nedges -= len(run)
-        _, A, B, E = zip(*run)
-        succ, pred, e_alive = self._succ, self._pred, self._e_alive
-        if new:
-            old_a = list(map(_not, map(new.__contains__, A)))
-            old_b = list(map(_not, map(new.__contains__, B)))
-            any(map(set.discard, map(succ.__getitem__, compress(A, old_a)), compress(B, old_a)))
-            any(map(set.discard, map(pred.__getitem__, compress(B, old_b)), compress(A, old_b)))
-            any(map(e_alive.__setitem__, compress(E, old_a), repeat(0)))
-        else:
-            any(map(set.discard, map(succ.__getitem__, A), B))
-            any(map(set.discard, map(pred.__getitem__, B), A))
-            any(map(e_alive.__setitem__, E, repeat(0)))
+    def _undo_edges(self, e0: int, A, B, old: bytearray) -> None:
+        """Undo added edges ``A[n] -> B[n]`` (pool records from `e0` on): out of the sets of their
+        ends that come back (`old`), and their pool records dead."""
+        k = len(A)
+        self._nedges -= k
+        self._e_alive[e0:e0 + k] = array("b", bytes(k))
+        succ, pred = self._succ, self._pred
+        oa = list(map(old.__getitem__, A))
+        ob = list(map(old.__getitem__, B))
+        any(map(set.discard, map(succ.__getitem__, compress(A, oa)), compress(B, oa)))
+        any(map(set.discard, map(pred.__getitem__, compress(B, ob)), compress(A, ob)))
 
     def _free_dead(self) -> None:
         """The free list becomes every dead id (after a rollback)."""

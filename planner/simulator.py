@@ -95,13 +95,14 @@ is known.
 from __future__ import annotations
 
 import math
+from array import array
 from itertools import compress, filterfalse, repeat
 from operator import is_not
 
 from . import _bulk
 from ._batches import Batch, undoes
 from ._delta import delta_pass
-from ._replay import compiled, timed_pass
+from ._replay import compact_edges, compaction_due, compiled, timed_pass
 from ._taskstore import TaskGraph, TaskInfo
 from .errors import SimulationError
 from ._timeline import Timeline, _Data
@@ -184,12 +185,10 @@ class DeltaSimulator:
         self._batches = 0
         self._misses = 0                 # budgeted replays in a row that ran out of budget
         self._epoch = 0
-        # delta_pass marks seeds, new and removed tasks with the epoch, and keeps per task the
-        # list of tasks that watch it (None when none).
-        self._sm: list[int] = []
-        self._watch: list = []
+        # delta_pass marks seeds, new and removed tasks with the epoch.
+        self._sm = array("q")
         self._broken = False             # a failed delta pass left partial times behind
-        self._rdy: list[float] = []
+        self._rdy = array("d")
         self.stats: dict = {}
         self._full()
         self._settle()
@@ -206,8 +205,15 @@ class DeltaSimulator:
         return key in self._g
 
     def _track(self) -> None:
-        if self._g._version != self._seen:
+        """Called first by every edit."""
+        g = self._g
+        if g._version != self._seen:
             self._untracked = True  # someone edited the graph behind our back
+        elif g._version == self._done and compaction_due(g) and compiled(g):
+            # The first edit of a batch: the last batch's journal, which names edge-pool
+            # records, is no longer needed, so this is when dead records can go.
+            compact_edges(g)
+            self._compactions = g._compactions
 
     def add_task(self, key, resource: int, duration: float, kind: str = "compute",
                  nbytes: float = 0.0, label: str = "") -> None:
@@ -296,9 +302,8 @@ class DeltaSimulator:
 
     def add_edges(self, edges) -> None:
         """`add_edge` on each ``(src, dst)`` in order, in one call."""
+        self._track()
         g = self._g
-        if g._version != self._seen:
-            self._untracked = True
         A, B, bad = _bulk.resolve(g, edges)
         added: list[int] = []
         try:
@@ -371,9 +376,8 @@ class DeltaSimulator:
             self._seen = g._version
 
     def add_edge(self, src, dst) -> None:
+        self._track()
         g = self._g
-        if g._version != self._seen:
-            self._untracked = True
         ids = g._id
         try:
             a, b = ids[src], ids[dst]
@@ -420,7 +424,8 @@ class DeltaSimulator:
         ``restores=True`` (only without tracking): the caller vouches that the edits rebuilt the
         graph from before the previous batch, key for key, duration for duration, edge for edge."""
         g = self._g
-        self._track()
+        if g._version != self._seen:
+            self._untracked = True
         if g._version == self._done:
             return self.timeline()
         if self._untracked or self._broken:
@@ -538,15 +543,12 @@ class DeltaSimulator:
         g = self._g
         nres = len(g._rlist)
         self._every = max(256, 4 * nres)
-        rdy, st, en, bind, seq, last, self._ck_pos, self._ck_vec = timed_pass(g, self._every)
+        rdy, st, en, bind, seq, last, self._ck_pos, self._ck_vec = timed_pass(g, self._every, compact=False)
         self._rdy, self._st, self._en, self._bind, self._seq = rdy, st, en, bind, seq
-        sim = [False] * len(g._key)
-        any(map(sim.__setitem__, g._id.values(), repeat(True)))
-        self._sim = sim
+        self._sim = bytearray(g._a_alive)  # simulated: the tasks alive now
         self._final = last
         self._makespan = max(last, default=0.0)
         self._broken = False
-        self._watch = [None] * len(self._watch)
         self._grow()
         self.stats = {"mode": "full", "reason": reason, "tasks": len(g), "retimed": len(seq)}
 
@@ -577,13 +579,12 @@ class DeltaSimulator:
         """Size the per-id lists to the graph's id capacity."""
         n = len(self._g._key) - len(self._rdy)
         if n > 0:
-            z = [0.0] * n
-            self._rdy += z
-            self._st += z
-            self._en += z
-            self._bind += [-1] * n
-            self._sim += [False] * n
+            z = bytes(8 * n)
+            self._rdy.frombytes(z)
+            self._st.frombytes(z)
+            self._en.frombytes(z)
+            self._bind.extend(repeat(-1, n))
+            self._sim.extend(bytes(n))
         n = len(self._g._key) - len(self._sm)
         if n > 0:
-            self._sm += [0] * n
-            self._watch += [None] * n
+            self._sm.frombytes(bytes(8 * n))

@@ -208,6 +208,7 @@ class TaskGraphBuilder:
                     self._add_edge_group(tg, strategy, i, op, j)
             for p in self.graph.param_specs:
                 self._add_param_group(tg, strategy, p)
+            refreeze()  # in a search (`_bulk.frozen_heap`), the collector leaves this graph alone
         return tg
 
     def _add_op(self, tg, i: int, op: Op, cfg: ParallelConfig) -> list:
@@ -283,7 +284,7 @@ class DeltaSession:
             for p in g.param_specs:
                 self._owned[("param", p)] = builder._add_param_group(self.sim, strategy, p)
             self.sim.resimulate()
-        refreeze()  # in a search (`_bulk.frozen_heap`), the collector leaves this graph alone
+            refreeze()  # in a search (`_bulk.frozen_heap`), the collector leaves this graph alone
 
     @property
     def step_time(self) -> float:
@@ -300,7 +301,10 @@ class DeltaSession:
         """New configurations for several ops at once: every affected task group is rebuilt,
         then one delta simulation re-times the step.  Returns the new simulated step time."""
         with gc_paused():
-            return self._change_many(changes)
+            try:
+                return self._change_many(changes)
+            finally:
+                refreeze()  # in a search, what the change built joins the frozen heap
 
     def _change_many(self, changes: dict[str, ParallelConfig]) -> float:
         b = self.builder

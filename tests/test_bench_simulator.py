@@ -38,3 +38,24 @@ def test_the_timed_full_build_does_not_find_what_the_change_just_memoized():
     assert bench_simulator._memo_keys(b)[0] > before[0]  # the change memoized its groups
     bench_simulator._forget_since(b, before)
     assert bench_simulator._memo_keys(b) == before
+
+
+def test_both_paths_are_timed_in_the_garbage_collection_regime_of_a_search(monkeypatch):
+    from autopar.planner import _bulk
+    from autopar.planner.taskgraph import DeltaSession, TaskGraphBuilder
+
+    frozen: dict[str, set] = {"full": set(), "delta": set()}
+    build, change = TaskGraphBuilder.build, DeltaSession.change
+
+    def spy_build(self, *args, **kw):
+        frozen["full"].add(_bulk._frozen_depth > 0)
+        return build(self, *args, **kw)
+
+    def spy_change(self, *args, **kw):
+        frozen["delta"].add(_bulk._frozen_depth > 0)
+        return change(self, *args, **kw)
+
+    monkeypatch.setattr(TaskGraphBuilder, "build", spy_build)
+    monkeypatch.setattr(DeltaSession, "change", spy_change)
+    assert bench_row("lenet", "p100-2x2", moves=4, fulls=2, seed=0)["agree"] is True
+    assert frozen == {"full": {True}, "delta": {True}}

@@ -111,6 +111,6 @@ def test_dead_edges_are_compacted_away_without_changing_the_timeline():
             sim.add_edge(p, k)
         sim.resimulate()
     before = len(g._e_alive)
-    _replay._compact_edges(g)
+    _replay.compact_edges(g)
     assert len(g._e_alive) == g._nedges == g.num_edges() <= before
     assert sim.timeline().same_as(simulate(g))
