@@ -10,7 +10,8 @@ search's wall time, each strategy's largest per-device peak memory, and MCMC's s
 ``checks`` states the issue's targets and whether each row meets them.
 
 Budgets: ``quick`` gives MCMC `QUICK_BUDGET_S` per row (starts: data parallelism, the expert
-strategy, OptCNN's result and, for RNNs, that with one device block per recurrent layer) and the placement search a quarter of that; the full bench
+strategy, OptCNN's result, for RNNs the layer-blocks strategy and for CNNs with modules of branches
+the branches strategy) and the placement search a quarter of that; the full bench
 gives `FULL_BUDGET_S` and adds a random start.  The quick bench does not simulate a baseline
 whose task graph would exceed `QUICK_MAX_TASKS` tasks (its row shows null and says why in
 ``notes``).  Everything is seeded.
@@ -29,11 +30,11 @@ from .plan import CANDIDATES, PlanResult, plan
 TOPOLOGIES = ("p100-1x4", "p100-4x4", "k80-16x4")
 QUICK_BUDGET_S = 4.0
 FULL_BUDGET_S = 60.0
-QUICK_STARTS = ("data-parallel", "expert", "optcnn", "layer-blocks")
+QUICK_STARTS = ("data-parallel", "expert", "optcnn", "layer-blocks", "branches")
 #: In the quick bench a baseline whose task graph would exceed this many tasks is reported as not
 #: simulated (model parallelism of Inception-v3 on 64 GPUs has 4.7M tasks: over a minute alone).
 QUICK_MAX_TASKS = 1_500_000
-FULL_STARTS = ("data-parallel", "expert", "optcnn", "layer-blocks", "random")
+FULL_STARTS = ("data-parallel", "expert", "optcnn", "layer-blocks", "branches", "random")
 SPEEDUP_MODELS = ("nmt", "rnnlm", "rnntc", "inception_v3")
 OPTCNN_MODELS = ("nmt", "inception_v3")
 

@@ -14,7 +14,9 @@ Steps (FlexFlow sec. 6 and 8):
 4. MCMC over the SOAP space from several starts (default: data parallelism, the expert strategy,
    OptCNN's result, OptCNN's result with one block of devices per recurrent layer and the ops
    around each layer alongside it (`layer_blocks`, RNNs only: FlexFlow 8.5's NMT strategy; the
-   faster of that and the layers alone) and a random strategy), slowest start first, each with a share of what is
+   faster of that and the layers alone), for CNNs with modules of branches data parallelism
+   with each module's branches side by side on a node's GPUs (`branches`, FlexFlow 8.5's
+   Inception-v3 strategy) and a random strategy), slowest start first, each with a share of what is
    left of `budget_s` that doubles from one start to the next faster one (four starts: 1/15,
    2/15, 4/15, 8/15); time a chain does not use passes to the ones after it.  Equal shares
    spent a quarter of nmt's budget walking down from a random strategy 4x slower than OptCNN's.
@@ -49,9 +51,10 @@ from ._estimate import estimate_tasks
 from ._memtrack import MemoryTracker
 from ._result import Candidate, PlanResult, _bytes
 from .mcmc import DEFAULT_BETA_REL, ChainResult, SoapSpace, run_chain
+from .branches import branch_placement
 from .optcnn import OptCNNResult, optcnn
 
-DEFAULT_STARTS = ("data-parallel", "expert", "optcnn", "layer-blocks", "random")
+DEFAULT_STARTS = ("data-parallel", "expert", "optcnn", "layer-blocks", "branches", "random")
 BASELINES = ("data-parallel", "model-parallel", "expert")
 MIN_RESTART_SECONDS = 2.0  # leftover MCMC budget below this is not worth a new chain
 CANDIDATES = ("data-parallel", "model-parallel", "expert", "placement", "optcnn", "mcmc")
@@ -101,6 +104,12 @@ def plan(graph: OperatorGraph, topology: DeviceTopology, cost: CostModel | None 
             blocks = _layer_blocks(builder, oc_cand.strategy, sessions, max_tasks)
             if blocks is not None:
                 cands["layer-blocks"] = blocks
+
+        if "branches" in starts and cands.get("data-parallel") is not None and cands["data-parallel"].strategy is not None:
+            ui.phase("simulating data parallelism with the branches of each module side by side")
+            side = _branches(builder, cands["data-parallel"].strategy, sessions, max_tasks)
+            if side is not None:
+                cands["branches"] = side
 
         chains: list[ChainResult] = []
         t0 = time.perf_counter()
@@ -221,17 +230,43 @@ def _restarts(builder: TaskGraphBuilder, chains: list[ChainResult], left_s: floa
 
 
 def _layer_blocks(builder: TaskGraphBuilder, base: Strategy, sessions: dict, max_tasks: int | None) -> Candidate | None:
-    """`experts.layer_blocks` of `base` with and without the ops around the layers, both
-    simulated; the faster one that fits (with its delta session, into `sessions`), or None
-    when the graph has no recurrent layers to spread."""
+    """`experts.layer_blocks` of `base` with and without the ops around the layers: the faster
+    (see `_fastest`), or None when the graph has no recurrent layers to spread."""
+    g, topo = builder.graph, builder.topology
+    return _fastest(builder, "layer-blocks", [
+        (experts.layer_blocks(g, topo, base, neighbours=True),
+         "recurrent layers on blocks of their own, the ops around them alongside"),
+        (experts.layer_blocks(g, topo, base, neighbours=False), "recurrent layers on blocks of their own")],
+        sessions, max_tasks)
+
+
+#: `branch_placement` keeps a branch over this many times its share of a module spread like
+#: data parallelism; the plan tries each.  On inception_v3, 2 is best on p100-4x4 (45.7 ms, 52.7
+#: with every branch placed) and no limit on k80-16x4 (128.9 ms, 172.6 with 2).
+BRANCH_SPREADS = (2.0, math.inf)
+
+
+def _branches(builder: TaskGraphBuilder, base: Strategy, sessions: dict, max_tasks: int | None) -> Candidate | None:
+    """`branch_placement` of `base` for each of `BRANCH_SPREADS`: the faster (see `_fastest`),
+    or None when the graph has no modules of branches or the topology one node."""
+    return _fastest(builder, "branches", [
+        (branch_placement(builder, base, spread), f"each module's branches side by side on a node's GPUs"
+                                                  f"{'' if spread == math.inf else f', those over {spread:g}x their share spread'}")
+        for spread in BRANCH_SPREADS], sessions, max_tasks)
+
+
+def _fastest(builder: TaskGraphBuilder, name: str, variants: list, sessions: dict, max_tasks: int | None) -> Candidate | None:
+    """Simulate each (strategy, note) of `variants` (None strategies skipped, repeats simulated
+    once) and return the fastest that fits as candidate `name`, its delta session into
+    `sessions`; None when no variant applies."""
     found = []
-    for neighbours, note in ((True, "recurrent layers on blocks of their own, the ops around them alongside"),
-                             (False, "recurrent layers on blocks of their own")):
-        strategy = experts.layer_blocks(builder.graph, builder.topology, base, neighbours=neighbours)
-        if strategy is None:
+    seen = []
+    for strategy, note in variants:
+        if strategy is None or strategy.configs in seen:
             continue
+        seen.append(strategy.configs)
         kept: dict = {}
-        c = _evaluate(builder, "layer-blocks", lambda s=strategy: s, keep=kept, max_tasks=max_tasks)
+        c = _evaluate(builder, name, lambda s=strategy: s.renamed(name), keep=kept, max_tasks=max_tasks)
         found.append((Candidate(c.name, c.strategy, c.step_time, c.peak_memory, c.fits, c.seconds, c.note or note), kept))
     if not found:
         return None
@@ -311,8 +346,8 @@ def _start(name: str, graph: OperatorGraph, n: int, cands: dict[str, Candidate],
     c = cands.get(name)
     if c is not None:
         return c.strategy
-    if name == "layer-blocks":
-        return None  # the model has no recurrent layers to spread (or OptCNN did not run)
+    if name in ("layer-blocks", "branches"):
+        return None  # no recurrent layers to spread or modules of branches (or OptCNN did not run)
     raise StrategyError(f"unknown MCMC start {name!r}; starts are named candidates "
                         f"({', '.join(k for k in cands)}) or 'random'")
 
