@@ -282,8 +282,17 @@ def delta_pass(g: TaskGraph, S, seeds, new, removed, limit: float = INF,
     shift = cut + len(order) - i
     if mid_pos and mid_pos[0] == pos[lo - 1]:  # the cut itself was a checkpoint
         del mid_pos[0], mid_vec[0]
+    later = vecs[hi:]
+    moved = [R for R, (a, b) in enumerate(zip(last, olast)) if a != b] if converged else ()
+    if moved and later:
+        # A resource whose last end moved has no old task after the stop (the convergence test),
+        # so the old checkpoints after it hold its old last end all along: they get the new one.
+        later = [v[:] + [0.0] * (nres - len(v)) for v in later]
+        for v in later:
+            for R in moved:
+                v[R] = last[R]
     S._ck_pos = pos[:lo] + mid_pos + [p + shift for p in pos[hi:]]
-    S._ck_vec = vecs[:lo] + mid_vec + vecs[hi:]
+    S._ck_vec = vecs[:lo] + mid_vec + later
     seq[cut:i] = array("q", order)
     S._makespan = makespan
     S._final = final

@@ -14,6 +14,15 @@ are compared field by field as Python compares tuples (a missing field sorts fir
 `_taskstore.KEY_PAD`).  The timeline is the unique fixed point of `planner.simulator`, so both
 implementations return bit-identical times; the tests compare them on random graphs.
 
+Ties.  A zoo task graph of 10^5 tasks has only ~10^3 distinct ready times, so a heap ordered by
+(ready, key) spends most of its comparisons on keys.  Ours orders ready times only, takes every
+task with the smallest ready time out at once and sorts that batch by key: the same order,
+because a task that becomes ready while the batch runs is ready strictly later than the batch
+(`planner.simulator`).
+
+Delta simulation (sec. 5.3) re-times from a cut with the same loop (`resume_pass_arrays`): the
+old timeline before the cut is kept, and the pass starts in the state Algorithm 1 is in there.
+
 Edges live in an append-only pool (source, target, both ids' generations at the time); an edge
 is live while both ids are live with those generations and it was not removed.  Generations are
 never reused, so a task revived by a rollback gets its old edges back and no stale ones.  Each pass builds
@@ -27,12 +36,8 @@ from numba import njit
 
 
 @njit(cache=True, inline="always")
-def _before(a: int, b: int, rdy, keys) -> bool:
-    """(ready, key) of task a < that of task b."""
-    ra = rdy[a]
-    rb = rdy[b]
-    if ra != rb:
-        return ra < rb
+def _key_less(a: int, b: int, keys) -> bool:
+    """key of task a < key of task b (fields compared as Python compares tuples)."""
     for k in range(keys.shape[1]):
         x = keys[a, k]
         y = keys[b, k]
@@ -41,34 +46,80 @@ def _before(a: int, b: int, rdy, keys) -> bool:
     return False
 
 
+# The heap orders ready times only: every task with the smallest ready time is taken out at once
+# and the batch is sorted by key.  That is Algorithm 1's (ready, key) order, because a task that
+# becomes ready while the batch runs is ready strictly later (module docstring), and it spares the
+# heap the key comparisons of the many ties (a zoo task graph of 10^5 tasks has ~10^3 distinct
+# ready times).
 @njit(cache=True)
-def _sift_down(heap, n: int, pos: int, rdy, keys) -> None:
-    item = heap[pos]
+def _sift_down(hr, hi, n: int, pos: int) -> None:
+    r = hr[pos]
+    i = hi[pos]
     while True:
         c = 2 * pos + 1
         if c >= n:
             break
-        if c + 1 < n and _before(heap[c + 1], heap[c], rdy, keys):
+        if c + 1 < n and hr[c + 1] < hr[c]:
             c += 1
-        if _before(heap[c], item, rdy, keys):
-            heap[pos] = heap[c]
+        if hr[c] < r:
+            hr[pos] = hr[c]
+            hi[pos] = hi[c]
             pos = c
         else:
             break
-    heap[pos] = item
+    hr[pos] = r
+    hi[pos] = i
 
 
 @njit(cache=True)
-def _sift_up(heap, pos: int, rdy, keys) -> None:
-    item = heap[pos]
+def _sift_up(hr, hi, pos: int) -> None:
+    r = hr[pos]
+    i = hi[pos]
     while pos > 0:
         parent = (pos - 1) >> 1
-        if _before(item, heap[parent], rdy, keys):
-            heap[pos] = heap[parent]
+        if r < hr[parent]:
+            hr[pos] = hr[parent]
+            hi[pos] = hi[parent]
             pos = parent
         else:
             break
-    heap[pos] = item
+    hr[pos] = r
+    hi[pos] = i
+
+
+@njit(cache=True)
+def _sort_by_key(ids, n: int, tmp, keys) -> None:
+    """Sort ids[:n] by key: insertion sort for short runs, merged bottom-up."""
+    run = 16
+    for lo in range(0, n, run):
+        hi = min(lo + run, n)
+        for i in range(lo + 1, hi):
+            x = ids[i]
+            j = i - 1
+            while j >= lo and _key_less(x, ids[j], keys):
+                ids[j + 1] = ids[j]
+                j -= 1
+            ids[j + 1] = x
+    width = run
+    src = ids
+    dst = tmp
+    while width < n:
+        for lo in range(0, n, 2 * width):
+            mid = min(lo + width, n)
+            hi = min(lo + 2 * width, n)
+            a = lo
+            b = mid
+            for k in range(lo, hi):
+                if a < mid and (b >= hi or not _key_less(src[b], src[a], keys)):
+                    dst[k] = src[a]
+                    a += 1
+                else:
+                    dst[k] = src[b]
+                    b += 1
+        src, dst = dst, src
+        width *= 2
+    if src is not ids:
+        ids[:n] = src[:n]
 
 
 @njit(cache=True)
@@ -84,21 +135,15 @@ def live_edges(alive, gen, rec, ealive):
 
 
 @njit(cache=True)
-def full_pass_arrays(alive, gen, dur, rix, nres: int, keys, rec, ealive, every: int):
-    """Algorithm 1 over the arrays.  Returns (ready, start, end, bind, order, count, last end per
-    resource index, remaining input counts, checkpoint vectors); ``count`` < live tasks means a
-    cycle (the tasks with a remaining count > 0 never ran).  Checkpoint row c holds every
-    resource's last end before position ``c * every`` of the order."""
+def _successors(alive, gen, rec, ealive):
+    """Successor lists of the live edges (CSR: offsets, targets) and the live edges' mask."""
     cap = alive.shape[0]
     m = rec.shape[0]
-    # Successor lists of the live edges (CSR) and input counts.
     off = np.zeros(cap + 1, np.int64)
-    cnt = np.zeros(cap, np.int64)
     ok = live_edges(alive, gen, rec, ealive)
     for e in range(m):
         if ok[e]:
             off[rec[e, 0] + 1] += 1
-            cnt[rec[e, 1]] += 1
     for i in range(cap):
         off[i + 1] += off[i]
     adj = np.empty(off[cap], np.int64)
@@ -108,62 +153,211 @@ def full_pass_arrays(alive, gen, dur, rix, nres: int, keys, rec, ealive, every: 
             a = rec[e, 0]
             adj[fill[a]] = rec[e, 1]
             fill[a] += 1
+    return off, adj, ok
 
+
+@njit(cache=True)
+def _run(hr, hi, n: int, off, adj, cnt, dur, rix, keys, rdy, st, en, bind, last, seq, count: int,
+         every: int, ck):
+    """Algorithm 1's loop from a heap of `n` ready tasks, the order filled from position `count`
+    on; checkpoint row c gets every resource's last end before position ``c * every``.  Returns
+    the position after the last task run."""
+    batch = np.empty(hr.shape[0], np.int64)
+    tmp = np.empty(hr.shape[0], np.int64)
+    while n > 0:
+        r = hr[0]
+        b = 0
+        while n > 0 and hr[0] == r:
+            batch[b] = hi[0]
+            b += 1
+            n -= 1
+            if n > 0:
+                hr[0] = hr[n]
+                hi[0] = hi[n]
+                _sift_down(hr, hi, n, 0)
+        if b > 1:
+            _sort_by_key(batch, b, tmp, keys)
+        for q in range(b):
+            i = batch[q]
+            if count % every == 0:
+                ck[count // every, :] = last
+            R = rix[i]
+            s = last[R]
+            if s < r:
+                s = r
+            e = s + dur[i]
+            last[R] = e
+            rdy[i] = r
+            st[i] = s
+            en[i] = e
+            seq[count] = i
+            count += 1
+            for p in range(off[i], off[i + 1]):
+                j = adj[p]
+                if rdy[j] < e:
+                    rdy[j] = e
+                c = cnt[j] - 1
+                cnt[j] = c
+                if c == 0:
+                    bind[j] = i
+                    hr[n] = rdy[j]
+                    hi[n] = j
+                    n += 1
+                    _sift_up(hr, hi, n - 1)
+    return count
+
+
+@njit(cache=True)
+def full_pass_arrays(alive, gen, dur, rix, nres: int, keys, rec, ealive, every: int):
+    """Algorithm 1 over the arrays.  Returns (ready, start, end, bind, order, count, last end per
+    resource index, remaining input counts, checkpoint vectors); ``count`` < live tasks means a
+    cycle (the tasks with a remaining count > 0 never ran).  Checkpoint row c holds every
+    resource's last end before position ``c * every`` of the order."""
+    cap = alive.shape[0]
+    off, adj, ok = _successors(alive, gen, rec, ealive)
+    cnt = np.zeros(cap, np.int64)
+    for e in range(rec.shape[0]):
+        if ok[e]:
+            cnt[rec[e, 1]] += 1
     rdy = np.zeros(cap, np.float64)
     st = np.zeros(cap, np.float64)
     en = np.zeros(cap, np.float64)
     bind = np.full(cap, -1, np.int64)
-    heap = np.empty(cap, np.int64)
+    hr = np.empty(cap, np.float64)
+    hi = np.empty(cap, np.int64)
     n = 0
     live = 0
     for i in range(cap):
         if alive[i] != 0:
             live += 1
             if cnt[i] == 0:
-                heap[n] = i
+                hr[n] = 0.0
+                hi[n] = i
                 n += 1
     for p in range((n >> 1) - 1, -1, -1):
-        _sift_down(heap, n, p, rdy, keys)
+        _sift_down(hr, hi, n, p)
     last = np.zeros(nres, np.float64)
     seq = np.empty(live, np.int64)
-    nck = (live + every - 1) // every if live > 0 else 1
-    ck = np.zeros((nck, nres), np.float64)
-    count = 0
-    while n > 0:
-        i = heap[0]
-        if count % every == 0:
-            ck[count // every, :] = last
-        r = rdy[i]
-        R = rix[i]
-        s = last[R]
-        if s < r:
-            s = r
-        e = s + dur[i]
-        last[R] = e
-        st[i] = s
-        en[i] = e
-        seq[count] = i
-        count += 1
-        top = True  # heap[0] is still i: the first ready successor replaces it
-        for q in range(off[i], off[i + 1]):
-            j = adj[q]
-            if rdy[j] < e:
-                rdy[j] = e
-            c = cnt[j] - 1
-            cnt[j] = c
-            if c == 0:
-                bind[j] = i
-                if top:
-                    heap[0] = j
-                    _sift_down(heap, n, 0, rdy, keys)
-                    top = False
-                else:
-                    heap[n] = j
-                    n += 1
-                    _sift_up(heap, n - 1, rdy, keys)
-        if top:
-            n -= 1
-            if n > 0:
-                heap[0] = heap[n]
-                _sift_down(heap, n, 0, rdy, keys)
+    ck = np.zeros(((live + every - 1) // every if live > 0 else 1, nres), np.float64)
+    count = _run(hr, hi, n, off, adj, cnt, dur, rix, keys, rdy, st, en, bind, last, seq, 0, every, ck)
     return rdy, st, en, bind, seq[:count], count, last, cnt, ck
+
+
+@njit(cache=True)
+def resume_pass_arrays(alive, gen, dur, rix, nres: int, keys, rec, ealive, every: int,
+                       oseq, osim, mod, rdy, st, en, bind):
+    """Delta simulation's re-timing (FlexFlow sec. 5.3) compiled: Algorithm 1 from the cut on.
+
+    `rdy`, `st`, `en`, `bind` hold the old timeline (ids of tasks added since hold anything) and
+    are re-timed in place; `oseq` is the old order, `osim` flags the tasks it ran and `mod` marks
+    the edited ones: 1 an old task with new inputs or duration (a seed), 2 a new task, 3 a
+    removed one.  The cut C is `planner.simulator`'s: the smallest old (ready, key) of a seed or
+    removed task, lowered to (latest end of its inputs, key) for a seed or new task whose inputs
+    all ran before C.  Every old task before C keeps its times, and the pass resumes in the state
+    Algorithm 1 is in at C: each resource's last end, and as ready every task whose inputs all
+    ran, with the ready time and the last input (`bind`) a full pass gives it.
+
+    Returns (order, count, cut, last end per resource index, remaining input counts,
+    checkpoint vectors); ``count`` < live tasks means a cycle, and ``count`` == -1 an old task
+    before the cut with an input after it (edits the caller did not report)."""
+    cap = alive.shape[0]
+    m = rec.shape[0]
+    # 1. The cut (Ct, key of task Cx); Cx = -1: no cut, nothing changed.
+    Ct = np.inf
+    Cx = -1
+    for x in range(cap):
+        if mod[x] == 1 or mod[x] == 3:
+            if Cx < 0 or (rdy[x] < Ct or (rdy[x] == Ct and _key_less(x, Cx, keys))):
+                Ct = rdy[x]
+                Cx = x
+    ok = live_edges(alive, gen, rec, ealive)
+    late = np.zeros(cap, np.bool_)
+    top = np.zeros(cap, np.float64)
+    for e in range(m):
+        if ok[e]:
+            a = rec[e, 0]
+            b = rec[e, 1]
+            if mod[b] == 1 or mod[b] == 2:
+                if osim[a] == 0 or (Cx >= 0 and not (rdy[a] < Ct or (rdy[a] == Ct and _key_less(a, Cx, keys)))):
+                    late[b] = True
+                elif en[a] > top[b]:
+                    top[b] = en[a]
+    for x in range(cap):
+        if (mod[x] == 1 or mod[x] == 2) and not late[x]:
+            if Cx < 0 or (top[x] < Ct or (top[x] == Ct and _key_less(x, Cx, keys))):
+                Ct = top[x]
+                Cx = x
+    L = oseq.shape[0]
+    lo = 0
+    hi = L
+    if Cx < 0:
+        lo = L
+    while lo < hi:  # the first position of the old order at or after C
+        mid = (lo + hi) >> 1
+        y = oseq[mid]
+        if rdy[y] < Ct or (rdy[y] == Ct and _key_less(y, Cx, keys)):
+            lo = mid + 1
+        else:
+            hi = mid
+    cut = lo
+    # 2. The state at the cut: the prefix done, every resource's last end.
+    done = np.zeros(cap, np.bool_)
+    last = np.zeros(nres, np.float64)
+    for k in range(cut):
+        x = oseq[k]
+        done[x] = True
+        last[rix[x]] = en[x]
+    live = 0
+    for x in range(cap):
+        if alive[x] != 0:
+            live += 1
+            if not done[x]:
+                rdy[x] = 0.0
+                bind[x] = -1
+    off = np.zeros(cap + 1, np.int64)
+    cnt = np.zeros(cap, np.int64)
+    for e in range(m):
+        if ok[e]:
+            a = rec[e, 0]
+            b = rec[e, 1]
+            if done[b]:
+                if not done[a]:
+                    return oseq[:0], -1, cut, last, cnt, np.zeros((1, nres), np.float64)
+                continue
+            off[a + 1] += 1
+            if done[a]:
+                if rdy[b] < en[a]:
+                    rdy[b] = en[a]
+                # The input a full pass runs last: the largest (ready, key).
+                c = bind[b]
+                if c < 0 or rdy[c] < rdy[a] or (rdy[c] == rdy[a] and _key_less(c, a, keys)):
+                    bind[b] = a
+            else:
+                cnt[b] += 1
+    # Successor lists of the edges into tasks still to run.
+    for i in range(cap):
+        off[i + 1] += off[i]
+    adj = np.empty(off[cap], np.int64)
+    fill = off[:cap].copy()
+    for e in range(m):
+        if ok[e]:
+            b = rec[e, 1]
+            if not done[b]:
+                a = rec[e, 0]
+                adj[fill[a]] = b
+                fill[a] += 1
+    hr = np.empty(cap, np.float64)
+    hi_ = np.empty(cap, np.int64)
+    n = 0
+    for x in range(cap):
+        if alive[x] != 0 and not done[x] and cnt[x] == 0:
+            hr[n] = rdy[x]
+            hi_[n] = x
+            n += 1
+    for p in range((n >> 1) - 1, -1, -1):
+        _sift_down(hr, hi_, n, p)
+    seq = np.empty(max(live, cut), np.int64)
+    seq[:cut] = oseq[:cut]
+    ck = np.zeros(((live + every - 1) // every if live > 0 else 1, nres), np.float64)
+    count = _run(hr, hi_, n, off, adj, cnt, dur, rix, keys, rdy, st, en, bind, last, seq, cut, every, ck)
+    return seq[:count], count, cut, last, cnt, ck

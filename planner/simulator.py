@@ -96,13 +96,14 @@ from __future__ import annotations
 
 import math
 from array import array
+from bisect import bisect_right
 from itertools import compress, filterfalse, repeat
 from operator import is_not
 
 from . import _bulk
 from ._batches import Batch, undoes
 from ._delta import delta_pass
-from ._replay import compact_edges, compaction_due, compiled, timed_pass
+from ._replay import compact_edges, compaction_due, compiled, resume_pass, timed_pass
 from ._taskstore import TaskGraph, TaskInfo
 from .errors import SimulationError
 from ._timeline import Timeline, _Data
@@ -122,6 +123,9 @@ _REPLAY_MIN = 256
 #: or local change — and otherwise on a budget of _REPLAY_MIN tasks, enough to catch a change
 #: absorbed right away.
 _REPLAY_FRACTION_COMPILED = 0.05
+#: Checkpoints of every resource's last end are kept every max(this, 4 * resources) tasks of the
+#: order, so a re-timing finds the state at its cut with a short scan.
+_CHECKPOINT_MIN = 256
 
 
 def simulate(graph: TaskGraph) -> Timeline:
@@ -454,7 +458,8 @@ class DeltaSimulator:
     def _step(self, diff: tuple) -> None:
         g = self._g
         self._batches += 1
-        if compiled(g) and _REPLAY_FRACTION < math.inf:
+        fast = compiled(g) and _REPLAY_FRACTION < math.inf
+        if fast:
             limit, budget = _REPLAY_FRACTION_COMPILED * len(g), _REPLAY_MIN
         else:
             limit = _REPLAY_FRACTION * len(g)
@@ -464,19 +469,51 @@ class DeltaSimulator:
             budget = 0
         if len(self._new) > limit:
             prev = self._state()
-            self._full("mostly new tasks")
+            self._resume() if fast else self._full("mostly new tasks")
         else:
             prev = self._state(copy=True)  # the replay rewrites the lists in place
             self._grow()
             stats = delta_pass(g, self, self._seeds, self._new, self._removed, limit, budget)
             if stats is None:
                 self._misses += self._broken  # broken: it ran, and the budget ran out
-                self._full("the change moves most of the step")
+                if fast:
+                    self._restore(prev)
+                    prev = self._state(copy=True)
+                    self._resume()
+                else:
+                    self._full("the change moves most of the step")
             else:
                 if stats["budgeted"]:
                     self._misses = 0
                 self.stats = stats
         self._prev = (prev, diff, self._counts)
+
+    def _resume(self) -> None:
+        """Re-time from the cut on with the compiled pass (`_replay.resume_pass`); the old
+        timeline's lists stay as they are (`_prev` keeps them)."""
+        g = self._g
+        self._grow()
+        mod = bytearray(len(g._key))
+        any(map(mod.__setitem__, self._seeds, repeat(1)))
+        any(map(mod.__setitem__, self._new, repeat(2)))
+        any(map(mod.__setitem__, self._removed, repeat(3)))
+        rdy, st, en, bind = self._rdy[:], self._st[:], self._en[:], self._bind[:]
+        out = resume_pass(g, self._every, self._seq, self._sim, mod, rdy, st, en, bind)
+        if out is None:
+            self._full("edits the simulator was not told of")
+            return
+        seq, last, cut, pos, vecs = out
+        lo = bisect_right(self._ck_pos, cut)
+        self._ck_pos = self._ck_pos[:lo] + pos
+        self._ck_vec = self._ck_vec[:lo] + vecs
+        self._rdy, self._st, self._en, self._bind, self._seq = rdy, st, en, bind, seq
+        self._sim = bytearray(g._a_alive)
+        self._final = last
+        self._makespan = max(last, default=0.0)
+        self._broken = False
+        self.stats = {"mode": "delta", "tasks": len(g), "seeds": len(self._seeds), "new": len(self._new),
+                      "removed": len(self._removed), "cut": cut, "stop": len(seq), "converged": False,
+                      "retimed": len(seq) - cut, "budgeted": False, "compiled": True}
 
     def _is_undo(self, diff: tuple) -> bool:
         return self._prev is not None and undoes(self._g, diff, self._prev[1])
@@ -542,7 +579,7 @@ class DeltaSimulator:
     def _full(self, reason: str = "first simulation") -> None:
         g = self._g
         nres = len(g._rlist)
-        self._every = max(256, 4 * nres)
+        self._every = max(_CHECKPOINT_MIN, 4 * nres)
         rdy, st, en, bind, seq, last, self._ck_pos, self._ck_vec = timed_pass(g, self._every, compact=False)
         self._rdy, self._st, self._en, self._bind, self._seq = rdy, st, en, bind, seq
         self._sim = bytearray(g._a_alive)  # simulated: the tasks alive now
