@@ -208,6 +208,140 @@ def _run(hr, hi, n: int, off, adj, cnt, dur, rix, keys, rdy, st, en, bind, last,
 
 
 @njit(cache=True)
+def _run_rejoin(hr, hi, n: int, off, adj, cnt, dur, rix, keys, rdy, st, en, bind, last, seq, count: int,
+                every: int, ck, oseq, ordy, oen, ofinal, mod, done, quiet: int):
+    """`_run` from the cut, stopping where the new timeline rejoins the old one: at a point P
+    between two ready times where the new simulation's state is the old one's — the same tasks
+    done (every edited and new task among them, every removed one passed), no task whose end
+    moved with a successor still to run, and the same last end on every resource that still
+    has old tasks to run (`planner.simulator`, step 3).  From P on Algorithm 1 runs exactly as
+    before.  The test runs once `quiet` re-timed tasks in a row kept their end, and each failed
+    test postpones the next by as many tasks as it cost steps.
+
+    Returns (position after the last task run, position of P in the old order — its length if
+    the pass ran to the end —, every resource's last end at P in the old timeline)."""
+    L = oseq.shape[0]
+    nres = last.shape[0]
+    cap = rdy.shape[0]
+    olast = last.copy()  # the old simulation's state, advanced along the old order
+    waiting = 0          # edited or new tasks not re-timed yet
+    gone = 0             # removed tasks the walk has not passed
+    for x in range(cap):
+        if mod[x] == 1 or mod[x] == 2:
+            waiting += 1
+        elif mod[x] == 3:
+            gone += 1
+    fresh = 0            # new tasks re-timed
+    passed = 0           # old tasks the walk passed
+    i = count            # the walk's position in the old order (from the cut)
+    start = count
+    opened = np.empty(L, np.int64)   # passed by the walk, not re-timed yet
+    nopen = 0
+    changed = np.empty(cap, np.int64)  # re-timed with a new end
+    nchanged = 0
+    still = 0        # re-timed tasks in a row that kept their end
+    recheck = 0      # re-timed count before which no test runs
+    batch = np.empty(hr.shape[0], np.int64)
+    tmp = np.empty(hr.shape[0], np.int64)
+    while True:
+        retimed = count - start
+        if still >= quiet and retimed >= recheck and waiting == 0:
+            Pr = hr[0] if n > 0 else np.inf
+            while i < L and ordy[oseq[i]] < Pr:
+                x = oseq[i]
+                i += 1
+                olast[rix[x]] = oen[x]
+                if mod[x] == 3:
+                    gone -= 1
+                else:
+                    passed += 1
+                    if not done[x]:
+                        opened[nopen] = x
+                        nopen += 1
+            recheck = retimed + quiet
+            if gone == 0 and retimed - fresh == passed:
+                k = 0
+                for q in range(nopen):
+                    if not done[opened[q]]:
+                        opened[k] = opened[q]
+                        k += 1
+                nopen = k
+                recheck += nopen
+                if nopen == 0:
+                    same = True
+                    recheck += nres >> 3
+                    for R in range(nres):
+                        if last[R] != olast[R] and ofinal[R] != olast[R]:
+                            same = False
+                            break
+                    if same:
+                        k = 0
+                        for q in range(nchanged):
+                            c = changed[q]
+                            for p in range(off[c], off[c + 1]):
+                                if not done[adj[p]]:
+                                    changed[k] = c
+                                    k += 1
+                                    break
+                        nchanged = k
+                        recheck += nchanged
+                        if nchanged == 0:
+                            return count, i, olast
+        if n == 0:
+            return count, L, olast
+        r = hr[0]
+        b = 0
+        while n > 0 and hr[0] == r:
+            batch[b] = hi[0]
+            b += 1
+            n -= 1
+            if n > 0:
+                hr[0] = hr[n]
+                hi[0] = hi[n]
+                _sift_down(hr, hi, n, 0)
+        if b > 1:
+            _sort_by_key(batch, b, tmp, keys)
+        for q in range(b):
+            t = batch[q]
+            if count % every == 0:
+                ck[count // every, :] = last
+            R = rix[t]
+            s = last[R]
+            if s < r:
+                s = r
+            e = s + dur[t]
+            last[R] = e
+            rdy[t] = r
+            st[t] = s
+            en[t] = e
+            seq[count] = t
+            count += 1
+            done[t] = True
+            f = mod[t]
+            if f == 1 or f == 2:
+                waiting -= 1
+                fresh += f == 2
+            if f != 2 and e == oen[t]:
+                still += 1
+            else:
+                changed[nchanged] = t
+                nchanged += 1
+                still = 0
+            for p in range(off[t], off[t + 1]):
+                j = adj[p]
+                if rdy[j] < e:
+                    rdy[j] = e
+                c = cnt[j] - 1
+                cnt[j] = c
+                if c == 0:
+                    bind[j] = t
+                    hr[n] = rdy[j]
+                    hi[n] = j
+                    n += 1
+                    _sift_up(hr, hi, n - 1)
+
+
+@njit(cache=True)
 def full_pass_arrays(alive, gen, dur, rix, nres: int, keys, rec, ealive, every: int):
     """Algorithm 1 over the arrays.  Returns (ready, start, end, bind, order, count, last end per
     resource index, remaining input counts, checkpoint vectors); ``count`` < live tasks means a
@@ -245,7 +379,7 @@ def full_pass_arrays(alive, gen, dur, rix, nres: int, keys, rec, ealive, every: 
 
 @njit(cache=True)
 def resume_pass_arrays(alive, gen, dur, rix, nres: int, keys, rec, ealive, every: int,
-                       oseq, osim, mod, rdy, st, en, bind):
+                       oseq, osim, mod, rdy, st, en, bind, ordy, oen, ofinal, quiet: int):
     """Delta simulation's re-timing (FlexFlow sec. 5.3) compiled: Algorithm 1 from the cut on.
 
     `rdy`, `st`, `en`, `bind` hold the old timeline (ids of tasks added since hold anything) and
@@ -257,9 +391,15 @@ def resume_pass_arrays(alive, gen, dur, rix, nres: int, keys, rec, ealive, every
     Algorithm 1 is in at C: each resource's last end, and as ready every task whose inputs all
     ran, with the ready time and the last input (`bind`) a full pass gives it.
 
-    Returns (order, count, cut, last end per resource index, remaining input counts,
-    checkpoint vectors); ``count`` < live tasks means a cycle, and ``count`` == -1 an old task
-    before the cut with an input after it (edits the caller did not report)."""
+    It stops where the new timeline rejoins the old one (`_run_rejoin`; `ordy`, `oen` are the
+    old ready and end times, `ofinal` every resource's old last end), once `quiet` re-timed
+    tasks in a row kept their end; 0 never stops early.
+
+    Returns (order, count, cut, stop, last end per resource index, the old one at the stop,
+    remaining input counts, checkpoint vectors): the order is the old one up to the cut, the
+    re-timed tasks, and the old one from position `stop` on (the old length: no rejoin);
+    ``count`` < live tasks means a cycle, and ``count`` == -1 an old task before the cut with an
+    input after it (edits the caller did not report)."""
     cap = alive.shape[0]
     m = rec.shape[0]
     # 1. The cut (Ct, key of task Cx); Cx = -1: no cut, nothing changed.
@@ -322,7 +462,7 @@ def resume_pass_arrays(alive, gen, dur, rix, nres: int, keys, rec, ealive, every
             b = rec[e, 1]
             if done[b]:
                 if not done[a]:
-                    return oseq[:0], -1, cut, last, cnt, np.zeros((1, nres), np.float64)
+                    return oseq[:0], -1, cut, 0, last, last, cnt, np.zeros((1, nres), np.float64)
                 continue
             off[a + 1] += 1
             if done[a]:
@@ -359,5 +499,29 @@ def resume_pass_arrays(alive, gen, dur, rix, nres: int, keys, rec, ealive, every
     seq = np.empty(max(live, cut), np.int64)
     seq[:cut] = oseq[:cut]
     ck = np.zeros(((live + every - 1) // every if live > 0 else 1, nres), np.float64)
-    count = _run(hr, hi_, n, off, adj, cnt, dur, rix, keys, rdy, st, en, bind, last, seq, cut, every, ck)
-    return seq[:count], count, cut, last, cnt, ck
+    if quiet <= 0:
+        count = _run(hr, hi_, n, off, adj, cnt, dur, rix, keys, rdy, st, en, bind, last, seq, cut, every, ck)
+        return seq[:count], count, cut, L, last, last, cnt, ck
+    count, stop, olast = _run_rejoin(hr, hi_, n, off, adj, cnt, dur, rix, keys, rdy, st, en, bind, last, seq,
+                                     cut, every, ck, oseq, ordy, oen, ofinal, mod, done, quiet)
+    if stop < L:
+        # The old order from the stop on runs as before: its old times, and each task's `bind`
+        # as a full pass gives it (its inputs may have run in a new order before the stop).
+        tail = np.zeros(cap, np.bool_)
+        for k in range(stop, L):
+            x = oseq[k]
+            tail[x] = True
+            rdy[x] = ordy[x]
+            en[x] = oen[x]
+            bind[x] = -1
+            seq[count] = x
+            count += 1
+        for e in range(m):
+            if ok[e]:
+                b = rec[e, 1]
+                if tail[b]:
+                    a = rec[e, 0]
+                    c = bind[b]
+                    if c < 0 or rdy[c] < rdy[a] or (rdy[c] == rdy[a] and _key_less(c, a, keys)):
+                        bind[b] = a
+    return seq[:count], count, cut, stop, last, olast, cnt, ck

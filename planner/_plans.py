@@ -18,6 +18,8 @@ of edges are those of adding them one call at a time, interleaved, as the builde
 
 from __future__ import annotations
 
+from itertools import chain, repeat
+
 from .regions import Box, cells, volume
 
 #: Free ops (graph inputs, views) cost nothing in the cost model; their tasks still take this long
@@ -108,13 +110,26 @@ def op_plan(b, i: int, op, cfg) -> tuple:
     return tasks, edges, tuple(keys)
 
 
-def _hop_tasks(tasks: list, base: tuple, latency: float, hops: tuple, nbytes: float) -> list:
-    """The link tasks of one transfer (one per link of its route); returns their keys."""
+_SUFFIX = tuple((h,) for h in range(64))
+_ZEROS = tuple((0.0,) * h for h in range(64))
+
+
+def _hop_tasks(tasks: list, base: tuple, latency: float, route: tuple, nbytes: float) -> list:
+    """The link tasks of one transfer (one per link of its route, `route` = (link resources,
+    bandwidths, labels)); returns their keys.  Made column by column: a plan holds 10^4-10^5
+    of them, and a search computes one for every new configuration it proposes."""
+    res, bws, labels = route
+    k = len(res)
+    if k < len(_SUFFIX):
+        keys = list(map(base.__add__, _SUFFIX[:k]))
+        tasks.extend(zip(keys, res, [latency + nbytes / bw for bw in bws], repeat("comm", k),
+                         (nbytes,) + _ZEROS[k - 1] if k else (), labels))
+        return keys
     keys = []
-    for h, (res, bw, label) in enumerate(hops):
-        k = base + (h,)
-        tasks.append((k, res, latency + nbytes / bw, "comm", nbytes if h == 0 else 0.0, label))
-        keys.append(k)
+    for h, (r, bw, label) in enumerate(zip(res, bws, labels)):
+        key = base + (h,)
+        tasks.append((key, r, latency + nbytes / bw, "comm", nbytes if h == 0 else 0.0, label))
+        keys.append(key)
     return keys
 
 
@@ -151,24 +166,36 @@ def edge_plan(b, i: int, op, j: int, ccfg, pcfg) -> tuple:
                 else:
                     cts.append(ct)
     tasks, keys = [], []
-    hops_of = b._hops
+    route = b._route
+    fbase, bbase = (0, i, 1, j), (1, n - i, 1, j)
     for (pt, dd), boxes in pieces.items():
-        nbytes = max(float(sum(volume(x) for x in boxes) * itemsize), _MIN_TRANSFER_BYTES)
-        dst = sorted({ct for cts in boxes.values() for ct in cts})
+        if len(boxes) == 1:
+            (box, dst), = boxes.items()
+            nbytes = max(float(volume(box) * itemsize), _MIN_TRANSFER_BYTES)
+            if len(dst) > 1:
+                dst = sorted(set(dst))
+        else:
+            nbytes = max(float(sum(map(volume, boxes)) * itemsize), _MIN_TRANSFER_BYTES)
+            dst = sorted({ct for cts in boxes.values() for ct in cts})
         sd = pdev[pt]
-        latency, hops = hops_of(sd, dd)
-        fkeys = _hop_tasks(tasks, (0, i, 1, j, pt, dd), latency * 1, hops, nbytes)
-        latency, hops = hops_of(dd, sd)
-        bkeys = _hop_tasks(tasks, (1, n - i, 1, j, pt, dd), latency * 1, hops, nbytes)
+        latency, *hops = route(sd, dd)
+        fkeys = _hop_tasks(tasks, fbase + (pt, dd), latency * 1, hops, nbytes)
+        latency, *hops = route(dd, sd)
+        bkeys = _hop_tasks(tasks, bbase + (pt, dd), latency * 1, hops, nbytes)
         src_f, src_b = pf[pt], pb[pt]
-        dst_f = list(map(cf.__getitem__, dst))
-        dst_b = list(map(cb.__getitem__, dst))
-        for k in fkeys:
-            edges.append((src_f, k))
-            edges += [(k, c) for c in dst_f]
-        for k in bkeys:
-            edges += [(c, k) for c in dst_b]
-            edges.append((k, src_b))
+        if len(dst) == 1:
+            c = dst[0]
+            edges += chain.from_iterable(zip(zip(repeat(src_f), fkeys), zip(fkeys, repeat(cf[c]))))
+            edges += chain.from_iterable(zip(zip(repeat(cb[c]), bkeys), zip(bkeys, repeat(src_b))))
+        else:
+            dst_f = list(map(cf.__getitem__, dst))
+            dst_b = list(map(cb.__getitem__, dst))
+            for k in fkeys:
+                edges.append((src_f, k))
+                edges += [(k, c) for c in dst_f]
+            for k in bkeys:
+                edges += [(c, k) for c in dst_b]
+                edges.append((k, src_b))
         keys += fkeys
         keys += bkeys
     return tasks, edges, tuple(keys)
@@ -214,7 +241,7 @@ def param_plan(b, param: str, configs: tuple) -> tuple:
             done_on.setdefault(d, []).append(end)
         mult = 2 * (r - 1)
         for e in range(r):
-            latency, hops = b._hops(devs[e], devs[(e + 1) % r])
+            latency, *hops = b._route(devs[e], devs[(e + 1) % r])
             for k in _hop_tasks(tasks, (2, pi, gi, e), latency * mult, hops, per_edge):
                 edges.append((start, k))
                 edges.append((k, end))

@@ -83,31 +83,33 @@ def _view(a: array, dtype):
 
 
 def resume_pass(g: TaskGraph, every: int, oseq: array, osim: bytearray, mod: bytearray,
-                rdy: array, st: array, en: array, bind: array):
+                rdy: array, st: array, en: array, bind: array, ordy: array, oen: array,
+                ofinal: list, quiet: int):
     """Delta simulation's re-timing from the cut on, compiled (`_fastpass.resume_pass_arrays`,
-    which says what the arguments are): `rdy`, `st`, `en`, `bind` — copies of the old timeline's,
-    sized to the graph's ids — are re-timed in place.  Returns (order, last end per resource
-    index, cut position, checkpoint positions after the cut, their vectors), or None when the
-    graph was edited in ways `mod` does not report (the caller then simulates in full)."""
+    which says what the arguments are): `rdy`, `st`, `en`, `bind` — copies of the old timeline's
+    (`ordy`, `oen`), sized to the graph's ids — are re-timed in place.  Returns (order, cut, stop,
+    every resource's last end at the stop in the new and in the old timeline, checkpoint
+    positions between the cut and the stop, their vectors), or None when the graph was edited in
+    ways `mod` does not report (the caller then simulates in full)."""
     nres = len(g._rlist)
     cap = len(g._key)
     i64, f64 = _np.int64, _np.float64
-    seq, count, cut, last, cnt, ck = _fastpass.resume_pass_arrays(
+    seq, count, cut, stop, last, olast, cnt, ck = _fastpass.resume_pass_arrays(
         _view(g._a_alive, _np.int8), _view(g._a_gen, i64), _view(g._a_dur, f64), _view(g._a_rix, i64),
         nres, _view(g._a_key, i64).reshape(cap, KEY_FIELDS), _view(g._e_rec, i64).reshape(-1, 4),
         _view(g._e_alive, _np.int8), every, _view(oseq, i64), _np.frombuffer(osim, _np.uint8),
-        _np.frombuffer(mod, _np.uint8), _view(rdy, f64), _view(st, f64), _view(en, f64), _view(bind, i64))
+        _np.frombuffer(mod, _np.uint8), _view(rdy, f64), _view(st, f64), _view(en, f64), _view(bind, i64),
+        _view(ordy, f64), _view(oen, f64), _np.array(ofinal + [0.0] * (nres - len(ofinal)), f64), quiet)
     if count < 0:
         return None
     if count != len(g._id):
         rem = cnt.tolist()
         start = next(i for i in g._id.values() if rem[i] > 0)
         raise find_cycle(start, g._pred, lambda p: rem[p] > 0, g._key)
-    last = last.tolist()
-    check_resolution(g, max(last, default=0.0))
-    c0 = cut // every + 1  # rows at positions after the cut (those up to it are the old ones)
-    pos = list(range(c0 * every, count, every))
-    return _flat("q", seq), last, cut, pos, ck[c0:c0 + len(pos)].tolist()
+    end = count - (len(oseq) - stop)  # the re-timed stretch ends here
+    c0 = cut // every + 1  # rows after the cut (those up to it are the old ones)
+    pos = list(range(c0 * every, end, every))
+    return _flat("q", seq), cut, stop, last.tolist(), olast.tolist(), pos, ck[c0:c0 + len(pos)].tolist()
 
 
 def compaction_due(g: TaskGraph) -> bool:

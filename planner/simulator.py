@@ -96,14 +96,15 @@ from __future__ import annotations
 
 import math
 from array import array
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from itertools import compress, filterfalse, repeat
 from operator import is_not
 
 from . import _bulk
 from ._batches import Batch, undoes
+from . import _delta
 from ._delta import delta_pass
-from ._replay import compact_edges, compaction_due, compiled, resume_pass, timed_pass
+from ._replay import check_resolution, compact_edges, compaction_due, compiled, resume_pass, timed_pass
 from ._taskstore import TaskGraph, TaskInfo
 from .errors import SimulationError
 from ._timeline import Timeline, _Data
@@ -119,9 +120,9 @@ _REPLAY_FRACTION = 0.7
 _REPLAY_BUDGET = 0.1
 _REPLAY_MIN = 256
 #: With the compiled pass (`_fastpass`, some 20x cheaper per task than the Python replay) the
-#: replay runs in full only when at most this fraction of the graph lies after the cut — a late
-#: or local change — and otherwise on a budget of _REPLAY_MIN tasks, enough to catch a change
-#: absorbed right away.
+#: Python replay runs only when at most this fraction of the graph lies after the cut — a late
+#: or local change, where setting up the compiled pass would cost more — and otherwise the
+#: compiled pass re-times from the cut, up to where the timeline rejoins the old one.
 _REPLAY_FRACTION_COMPILED = 0.05
 #: Checkpoints of every resource's last end are kept every max(this, 4 * resources) tasks of the
 #: order, so a re-timing finds the state at its cut with a short scan.
@@ -460,7 +461,7 @@ class DeltaSimulator:
         self._batches += 1
         fast = compiled(g) and _REPLAY_FRACTION < math.inf
         if fast:
-            limit, budget = _REPLAY_FRACTION_COMPILED * len(g), _REPLAY_MIN
+            limit, budget = _REPLAY_FRACTION_COMPILED * len(g), 0
         else:
             limit = _REPLAY_FRACTION * len(g)
             budget = max(_REPLAY_MIN, _REPLAY_BUDGET * len(g))
@@ -489,8 +490,9 @@ class DeltaSimulator:
         self._prev = (prev, diff, self._counts)
 
     def _resume(self) -> None:
-        """Re-time from the cut on with the compiled pass (`_replay.resume_pass`); the old
-        timeline's lists stay as they are (`_prev` keeps them)."""
+        """Re-time from the cut with the compiled pass (`_replay.resume_pass`), up to where the
+        timeline rejoins the old one; the old timeline's lists stay as they are (`_prev` keeps
+        them)."""
         g = self._g
         self._grow()
         mod = bytearray(len(g._key))
@@ -498,22 +500,42 @@ class DeltaSimulator:
         any(map(mod.__setitem__, self._new, repeat(2)))
         any(map(mod.__setitem__, self._removed, repeat(3)))
         rdy, st, en, bind = self._rdy[:], self._st[:], self._en[:], self._bind[:]
-        out = resume_pass(g, self._every, self._seq, self._sim, mod, rdy, st, en, bind)
+        old = self._seq
+        out = resume_pass(g, self._every, old, self._sim, mod, rdy, st, en, bind, self._rdy, self._en,
+                          self._final, _delta.QUIET)
         if out is None:
             self._full("edits the simulator was not told of")
             return
-        seq, last, cut, pos, vecs = out
-        lo = bisect_right(self._ck_pos, cut)
-        self._ck_pos = self._ck_pos[:lo] + pos
-        self._ck_vec = self._ck_vec[:lo] + vecs
+        seq, cut, stop, last, olast, mid_pos, mid_vec = out
+        converged = stop < len(old)
+        pos, vecs = self._ck_pos, self._ck_vec
+        lo = bisect_right(pos, cut)
+        hi = bisect_left(pos, stop) if converged else len(pos)
+        later = vecs[hi:]
+        final = last
+        if converged:
+            # Resources with old tasks still to come end as before; the others where the pass
+            # left them, in the final state and in the checkpoints after the stop (which held
+            # their old last end).
+            final = [f if f != b else a for a, b, f in zip(last, olast, self._final + [0.0] * len(last))]
+            moved = [R for R, (a, b) in enumerate(zip(last, olast)) if a != b]
+            if moved and later:
+                later = [v[:] + [0.0] * (len(last) - len(v)) for v in later]
+                for v in later:
+                    for R in moved:
+                        v[R] = last[R]
+        shift = len(seq) - len(old)
+        self._ck_pos = pos[:lo] + mid_pos + [p + shift for p in pos[hi:]]
+        self._ck_vec = vecs[:lo] + mid_vec + later
         self._rdy, self._st, self._en, self._bind, self._seq = rdy, st, en, bind, seq
         self._sim = bytearray(g._a_alive)
-        self._final = last
-        self._makespan = max(last, default=0.0)
+        self._final = final
+        self._makespan = max(final, default=0.0)
+        check_resolution(g, self._makespan)
         self._broken = False
         self.stats = {"mode": "delta", "tasks": len(g), "seeds": len(self._seeds), "new": len(self._new),
-                      "removed": len(self._removed), "cut": cut, "stop": len(seq), "converged": False,
-                      "retimed": len(seq) - cut, "budgeted": False, "compiled": True}
+                      "removed": len(self._removed), "cut": cut, "stop": stop, "converged": converged,
+                      "retimed": len(seq) - cut - (len(old) - stop), "budgeted": False, "compiled": True}
 
     def _is_undo(self, diff: tuple) -> bool:
         return self._prev is not None and undoes(self._g, diff, self._prev[1])

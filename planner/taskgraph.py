@@ -97,6 +97,7 @@ class TaskGraphBuilder:
         self._ranges_cache: dict = {}
         self._resource_of_link = [self.num_devices + i for i in range(len(topology.links))]
         self._route_cache: dict[tuple[int, int], tuple[float, tuple]] = {}
+        self._route_columns: dict[tuple[int, int], tuple] = {}
         self._param_box_cache: dict = {}
         # Whole task groups per configuration (`planner._plans`).
         self._plans = PlanMemo()
@@ -226,6 +227,16 @@ class TaskGraphBuilder:
             hops = tuple((self._resource_of_link[li], links[li].bandwidth, links[li].label)
                          for li in self.topology.route(src, dst))
             hit = self._route_cache[(src, dst)] = (self.topology.route_latency(src, dst), hops)
+        return hit
+
+    def _route(self, src: int, dst: int) -> tuple[float, tuple, tuple, tuple]:
+        """`_hops` of a device pair as columns: (route latency, link resources, bandwidths,
+        labels), memoized (what the plans of `planner._plans` read)."""
+        hit = self._route_columns.get((src, dst))
+        if hit is None:
+            latency, hops = self._hops(src, dst)
+            res, bws, labels = zip(*hops) if hops else ((), (), ())
+            hit = self._route_columns[(src, dst)] = (latency, res, bws, labels)
         return hit
 
     def _add_edge_group(self, tg, strategy: Strategy, i: int, op: Op, j: int) -> list:

@@ -32,14 +32,15 @@ def replay_always(quiet: int = 1):
 
 
 @contextlib.contextmanager
-def resume_always():
-    """Re-time every batch with the compiled pass from the cut (never the Python replay)."""
-    saved = simulator_module._REPLAY_FRACTION_COMPILED, simulator_module._REPLAY_MIN
-    simulator_module._REPLAY_FRACTION_COMPILED, simulator_module._REPLAY_MIN = 0.0, 0
+def resume_always(quiet: int = 1):
+    """Re-time every batch with the compiled pass from the cut (never the Python replay), and
+    test eagerly whether it rejoins the old timeline (0: never)."""
+    saved = simulator_module._REPLAY_FRACTION_COMPILED, delta_module.QUIET
+    simulator_module._REPLAY_FRACTION_COMPILED, delta_module.QUIET = -1.0, quiet
     try:
         yield
     finally:
-        simulator_module._REPLAY_FRACTION_COMPILED, simulator_module._REPLAY_MIN = saved
+        simulator_module._REPLAY_FRACTION_COMPILED, delta_module.QUIET = saved
 
 
 def assert_same(sim: DeltaSimulator) -> None:
@@ -139,7 +140,7 @@ def test_delta_equals_full_after_every_batch_of_random_edits(data):
 @settings(max_examples=250, deadline=None)
 @given(st.data())
 def test_the_compiled_pass_from_the_cut_equals_full_after_every_batch_of_random_edits(data):
-    with resume_always():
+    with resume_always(quiet=data.draw(st.sampled_from([0, 1, 2, 16]), label="quiet")):
         w = World(data)
         for _ in range(data.draw(st.integers(1, 4), label="batches")):
             for _ in range(data.draw(st.integers(1, 5), label="edits")):
