@@ -68,17 +68,19 @@ Why the replay's times are bit-identical to a full simulation's: they satisfy th
 (prefix by step 1, the rest by Algorithm 1's argument), which is unique.  The tests check
 `Timeline.same_as` with ``tol=0`` on random graphs and random edit batches.
 
-Cost, and when delta gives way to full simulation
--------------------------------------------------
+Cost, and where each step runs
+------------------------------
 A change early in a training step usually moves everything after it (in the zoo's task graphs
 85-95 % of the tasks after one random op change, many of them re-ordered on their device or
-link), and with absolute floating-point times no exact method avoids re-timing them.  Algorithm 1
-runs compiled (`_fastpass`), some 20x cheaper per task than this Python replay, so the replay
-runs in full only when at most 5 % of the graph lies after the cut, and otherwise on a budget of
-256 tasks — enough to catch a change absorbed right away — before the compiled pass re-times the
-edited graph; budgets that keep running out are skipped.  (Without the compiled pass — keys it
-cannot compare, or ``AUTOPAR_PURE_PYTHON=1`` — the thresholds are 70 % and 10 % of the graph: the
-replay costs about 1.35x a Python full pass per task.)  Either way the graph is edited, not
+link), and with absolute floating-point times no exact method avoids re-timing them.  So the
+steps above run compiled (`_fastpass.resume_pass_arrays`, some 20x cheaper per task than this
+module's Python replay): the cut, the state at the cut, Algorithm 1 from there and the
+convergence test, the old order kept from the stop on.  The Python replay (`planner._delta`)
+runs only for a late or local change — at most 5 % of the graph after the cut — where setting
+up the compiled pass (a few scans of the edge pool) would cost more.  (Without the compiled pass
+— keys it cannot compare, or ``AUTOPAR_PURE_PYTHON=1`` — the replay runs in full when at most
+70 % of the graph lies after the cut, otherwise on a budget of 10 % before a Python full pass
+takes over: it costs about 1.35x a full pass per task.)  Either way the graph is edited, not
 rebuilt.
 
 A search rejects most proposals and takes them back.  `DeltaSimulator` keeps the timeline from
@@ -111,11 +113,11 @@ from ._timeline import Timeline, _Data
 
 __all__ = ["TaskGraph", "TaskInfo", "Timeline", "simulate", "DeltaSimulator"]
 
-#: A replay re-times a task at about 1.35x the cost of a full simulation per task (its
-#: bookkeeping outweighs what pulling inputs saves), so when more than this fraction of the
-#: graph lies after the cut, it only goes on while it has re-timed at most _REPLAY_BUDGET of the
-#: graph (and at least _REPLAY_MIN tasks) — enough to find a change absorbed nearby — and a full
-#: simulation takes over.
+#: Without the compiled pass: a replay re-times a task at about 1.35x the cost of a full
+#: simulation per task (its bookkeeping outweighs what pulling inputs saves), so when more than
+#: this fraction of the graph lies after the cut, it only goes on while it has re-timed at most
+#: _REPLAY_BUDGET of the graph (and at least _REPLAY_MIN tasks) — enough to find a change
+#: absorbed nearby — and a full simulation takes over.
 _REPLAY_FRACTION = 0.7
 _REPLAY_BUDGET = 0.1
 _REPLAY_MIN = 256
