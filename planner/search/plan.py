@@ -51,7 +51,7 @@ from ._estimate import estimate_tasks
 from ._memtrack import MemoryTracker
 from ._result import Candidate, PlanResult, _bytes
 from .mcmc import DEFAULT_BETA_REL, ChainResult, SoapSpace, run_chain
-from .branches import branch_placement
+from .branches import balanced_branches, branch_placement
 from .optcnn import OptCNNResult, optcnn
 
 DEFAULT_STARTS = ("data-parallel", "expert", "optcnn", "layer-blocks", "branches", "random")
@@ -240,19 +240,24 @@ def _layer_blocks(builder: TaskGraphBuilder, base: Strategy, sessions: dict, max
         sessions, max_tasks)
 
 
-#: `branch_placement` keeps a branch over this many times its share of a module spread like
-#: data parallelism; the plan tries each.  On inception_v3, 2 is best on p100-4x4 (45.7 ms, 52.7
-#: with every branch placed) and no limit on k80-16x4 (128.9 ms, 172.6 with 2).
-BRANCH_SPREADS = (2.0, math.inf)
+#: The plan tries `balanced_branches` with each of `BRANCH_ALPHAS` (network seconds weighed
+#: against compute seconds) and `branch_placement` with each of `BRANCH_SPREADS`, and starts
+#: from the fastest.  On inception_v3, `p100-4x4`: alpha 0.5 / 1 / 2 give 40.0 / 39.3 / 41.6 ms,
+#: every branch on one GPU 52.7; `k80-16x4`: every branch on one GPU 128.9 ms, alpha 2 129.9.
+BRANCH_ALPHAS = (0.5, 1.0, 2.0)
+BRANCH_SPREADS = (math.inf,)
 
 
 def _branches(builder: TaskGraphBuilder, base: Strategy, sessions: dict, max_tasks: int | None) -> Candidate | None:
-    """`branch_placement` of `base` for each of `BRANCH_SPREADS`: the faster (see `_fastest`),
-    or None when the graph has no modules of branches or the topology one node."""
-    return _fastest(builder, "branches", [
-        (branch_placement(builder, base, spread), f"each module's branches side by side on a node's GPUs"
-                                                  f"{'' if spread == math.inf else f', those over {spread:g}x their share spread'}")
-        for spread in BRANCH_SPREADS], sessions, max_tasks)
+    """`balanced_branches` and `branch_placement` of `base` (see `BRANCH_ALPHAS`): the fastest
+    (see `_fastest`), or None when the graph has no modules of branches or the topology one node."""
+    variants = [(balanced_branches(builder, base, alpha),
+                 f"each module's branches on blocks of a node's GPUs, balanced (network weighed {alpha:g}x)")
+                for alpha in BRANCH_ALPHAS]
+    variants += [(branch_placement(builder, base, spread), f"each module's branches side by side on a node's GPUs"
+                                                           f"{'' if spread == math.inf else f', those over {spread:g}x their share spread'}")
+                 for spread in BRANCH_SPREADS]
+    return _fastest(builder, "branches", variants, sessions, max_tasks)
 
 
 def _fastest(builder: TaskGraphBuilder, name: str, variants: list, sessions: dict, max_tasks: int | None) -> Candidate | None:
