@@ -23,7 +23,9 @@ the start's step time is accepted with probability 1/e, 1% slower with 1.8%.  A 
 optimum from data parallelism in 3 of 6 seeds in 10,000 proposals, at 400 in 5 of 6 in 6,000.
 
 Stopping (sec. 6.2): when the chain's time budget is spent, or when it has not improved its best
-strategy for half of the budget.  The best strategy seen is kept at every moment (anytime).
+strategy for half of the budget — and would leave at least ``min_handover_s`` of it (the planner
+passes what a chain leaves to the next; a chain whose leftover nobody could use runs on).  The
+best strategy seen is kept at every moment (anytime).
 
 Layer moves (an extension).  In an unrolled RNN the steps of a layer share parameters, and a
 change to one step alone rarely pays: the shared weights stay replicated as long as any step
@@ -230,11 +232,13 @@ def run_chain(builder: TaskGraphBuilder, start: Strategy, *, budget_s: float, rn
               max_change_ratio: float | None = MAX_CHANGE_RATIO,
               session: DeltaSession | None = None, memory: MemoryTracker | None = None,
               on_progress: Callable[[float, float], None] | None = None,
+              min_handover_s: float = 0.0,
               clock: Callable[[], float] = time.perf_counter) -> ChainResult:
     """Run one Metropolis–Hastings chain from `start` (see the module docstring).
 
     A `session` and `memory` tracker already holding `start` (the planner's evaluation of it)
-    are used as they are, saving a task-graph build."""
+    are used as they are, saving a task-graph build.  The chain stops for going half its budget
+    without improving only while at least `min_handover_s` of the budget is left."""
     t0 = clock()
     space = space if space is not None else SoapSpace(builder.num_devices)
     if session is None or session.strategy.configs != start.configs:
@@ -269,7 +273,7 @@ def run_chain(builder: TaskGraphBuilder, start: Strategy, *, budget_s: float, rn
         elif elapsed >= budget_s:
             res.stopped = "time budget spent"
             break
-        elif elapsed - last_improvement >= budget_s / 2:
+        elif elapsed - last_improvement >= budget_s / 2 and budget_s - elapsed >= min_handover_s:
             res.stopped = "no improvement for half the budget"
             break
         if on_progress is not None and elapsed - last_report >= 0.2:

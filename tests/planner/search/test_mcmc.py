@@ -82,6 +82,20 @@ def test_a_chain_stops_after_half_its_budget_without_improvement(builder):
     assert res.seconds <= 41
 
 
+def test_a_chain_whose_leftover_nobody_could_use_runs_to_the_end_of_its_budget(builder):
+    """The planner hands what a chain leaves to the next chain; with nothing to hand over to
+    (leftover under `min_handover_s`), stopping early would only waste the budget."""
+    for handover, stops_early in ((0.0, True), (40.0, False)):
+        ticks = iter(range(10**6))
+        res = run_chain(builder, single_device(builder.graph, 0), budget_s=40.0, rng=random.Random(0),
+                        space=PlacementSpace(4), clock=lambda: float(next(ticks)), min_handover_s=handover)
+        last_improvement = res.trace[-1][0]
+        if stops_early:
+            assert res.stopped == "no improvement for half the budget" and res.seconds - last_improvement <= 22
+        else:
+            assert res.stopped == "time budget spent" and res.seconds >= 40
+
+
 @pytest.mark.parametrize("make", [mlp, rnn])
 def test_incremental_peak_memory_equals_full_count_on_random_moves(make):
     graph = make()
