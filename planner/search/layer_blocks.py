@@ -34,9 +34,21 @@ all devices and so has no concurrency among layers):
 
 On nmt and 16 P100s (`p100-4x4`), OptCNN's strategy (every layer 4 x 4 on all 16 GPUs) takes
 59.4 ms; only the recurrent layers on blocks of their own, 56.6 ms; with their neighbours and
-the softmax on the first node, 41.1 ms.  The plan simulates both (`neighbours=False` and
-`True`) and starts MCMC from the faster: with one device per layer (four layers on four GPUs)
-the layers alone do better on rnnlm.
+the softmax on the first node, 41.1 ms.
+
+**Two layers to a block** (`share=2`).  In NMT the decoder starts when the attention has the
+whole encoder memory, so of its four layers only two run at a time (encoder 1 beside encoder 2,
+then decoder 1 beside decoder 2).  On one node of four GPUs a GPU per layer leaves half of them
+idle in each phase (90.3 ms, OptCNN 77.6); blocks of two GPUs taken in turn — encoder 1 and
+decoder 1 on GPUs 0-1, encoder 2 and decoder 2 on GPUs 2-3, each step's hidden units split in
+two, everything else as in OptCNN — keep all four busy and do 23 % less LSTM work than OptCNN's
+2 x 2 split of every step on all four (an LSTM step split two ways costs 1.15x its whole cost,
+four ways 1.5x): 67.9 ms.
+
+The plan simulates the three (`neighbours=True`, `False`, and `False` with `share=2`) and
+starts MCMC from the fastest: with one device per layer (four layers on four GPUs) the layers
+alone do better on rnnlm; two to a block wins on nmt on one node and loses elsewhere (rnntc on
+`p100-1x4` 33.6 ms against 30.9, nmt on `p100-4x4` 63.3 against 41.1).
 """
 
 from __future__ import annotations
@@ -58,11 +70,12 @@ def recurrent_layers(graph: OperatorGraph) -> list[tuple[str, ...]]:
 
 
 def layer_blocks(graph: OperatorGraph, topology: DeviceTopology, base: Strategy, *,
-                 neighbours: bool = True) -> Strategy | None:
+                 neighbours: bool = True, share: int = 1) -> Strategy | None:
     """`base` with every recurrent layer on a block of devices of its own and, with
-    `neighbours`, the ops around the layers placed with them (see the module docstring).  None
-    when the graph has fewer than two recurrent layers or a step's degrees cannot be scaled
-    down evenly to its block."""
+    `neighbours`, the ops around the layers placed with them (see the module docstring); with
+    `share` > 1, blocks `share` times as large, taken in turn by the layers.  None when the
+    graph has fewer than two recurrent layers, `share` leaves fewer than two blocks, or a
+    step's degrees cannot be scaled down evenly to its block."""
     groups = recurrent_layers(graph)
     if len(groups) < 2:
         return None
@@ -70,6 +83,9 @@ def layer_blocks(graph: OperatorGraph, topology: DeviceTopology, base: Strategy,
     size = 1
     while size * 2 <= max(1, n // len(groups)):
         size *= 2
+    size *= share
+    if size * 2 > n:
+        return None
     blocks = [tuple(range((k * size) % n, (k * size) % n + size)) for k in range(len(groups))]
     cfgs = dict(base.items())
     where: dict[str, int] = {}  # op -> index of its block

@@ -14,9 +14,10 @@ Steps (FlexFlow sec. 6 and 8):
 4. MCMC over the SOAP space from several starts (default: data parallelism, the expert strategy,
    OptCNN's result, OptCNN's result with one block of devices per recurrent layer and the ops
    around each layer alongside it (`layer_blocks`, RNNs only: FlexFlow 8.5's NMT strategy; the
-   faster of that and the layers alone), for CNNs with modules of branches data parallelism
-   with each module's branches side by side on a node's GPUs (`branches`, FlexFlow 8.5's
-   Inception-v3 strategy) and a random strategy), slowest start first, each with a share of what is
+   fastest of that, the layers alone and two layers to a block twice as large), for CNNs with
+   modules of branches data parallelism with each module's branches on blocks of a node's GPUs
+   (`branches`, FlexFlow 8.5's Inception-v3 strategy; the fastest of the balanced placements
+   and every branch on one GPU) and a random strategy), slowest start first, each with a share of what is
    left of `budget_s` that doubles from one start to the next faster one (four starts: 1/15,
    2/15, 4/15, 8/15); time a chain does not use passes to the ones after it.  Equal shares
    spent a quarter of nmt's budget walking down from a random strategy 4x slower than OptCNN's.
@@ -238,13 +239,16 @@ def _restarts(builder: TaskGraphBuilder, chains: list[ChainResult], left_s: floa
 
 
 def _layer_blocks(builder: TaskGraphBuilder, base: Strategy, sessions: dict, max_tasks: int | None) -> Candidate | None:
-    """`experts.layer_blocks` of `base` with and without the ops around the layers: the faster
-    (see `_fastest`), or None when the graph has no recurrent layers to spread."""
+    """`experts.layer_blocks` of `base` with and without the ops around the layers, and with
+    two layers to a block twice as large: the faster (see `_fastest`), or None when the graph
+    has no recurrent layers to spread."""
     g, topo = builder.graph, builder.topology
     return _fastest(builder, "layer-blocks", [
         (experts.layer_blocks(g, topo, base, neighbours=True),
          "recurrent layers on blocks of their own, the ops around them alongside"),
-        (experts.layer_blocks(g, topo, base, neighbours=False), "recurrent layers on blocks of their own")],
+        (experts.layer_blocks(g, topo, base, neighbours=False), "recurrent layers on blocks of their own"),
+        (experts.layer_blocks(g, topo, base, neighbours=False, share=2),
+         "recurrent layers two to a block of twice the size")],
         sessions, max_tasks)
 
 

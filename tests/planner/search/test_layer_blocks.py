@@ -7,7 +7,7 @@ from autopar.planner.cost import CostModel
 from autopar.planner.graph import DimKind
 from autopar.planner.presets import get_preset
 from autopar.planner.search.layer_blocks import layer_blocks, recurrent_layers
-from autopar.planner.strategy import data_parallel
+from autopar.planner.strategy import ParallelConfig, Strategy, data_parallel
 from autopar.planner.taskgraph import TaskGraphBuilder, simulate_strategy
 
 from ._graphs import zoo
@@ -79,13 +79,35 @@ def test_a_graph_without_two_recurrent_layers_has_no_layer_blocks():
     assert layer_blocks(zoo("lenet"), topo, data_parallel(zoo("lenet"), 16)) is None
 
 
-def test_the_plan_starts_from_the_faster_of_the_two_layer_block_strategies():
+def test_two_layers_to_a_block_take_the_blocks_in_turn_with_the_steps_scaled_to_the_block():
+    """On one node of four GPUs: encoder layers 1 and 2 (and decoder layers 1 and 2) run side by
+    side on GPUs 0-1 and 2-3; OptCNN-like 2 x 2 steps become 1 x 2 (hidden split in two)."""
+    graph, topo = _nmt(), get_preset("p100-1x4")
+    base = data_parallel(graph, 4)
+    cfgs = dict(base.items())
+    for members in recurrent_layers(graph):
+        for m in members:
+            h = next(i for i, p in enumerate(graph[m].pardims) if p.kind is DimKind.PARAMETER)
+            cfgs[m] = ParallelConfig(tuple(2 for _ in graph[m].pardims), (0, 1, 2, 3))
+    s = layer_blocks(graph, topo, Strategy.from_mapping(graph, cfgs), neighbours=False, share=2)
+    blocks = []
+    for members in recurrent_layers(graph):
+        cfgs_ = {s[m] for m in members}
+        assert len(cfgs_) == 1
+        cfg = cfgs_.pop()
+        assert cfg.num_tasks == 2 and cfg.degrees[h] == 2  # the largest degree halved: hidden stays split
+        blocks.append(cfg.devices)
+    assert blocks == [(0, 1), (2, 3), (0, 1), (2, 3)]
+    assert layer_blocks(graph, topo, base, share=4) is None  # one block of all four: no layers side by side
+
+
+def test_the_plan_starts_from_the_fastest_layer_block_strategy():
     from autopar.planner.search.plan import _layer_blocks
     graph, topo = _nmt(), get_preset("p100-4x4")
     b = TaskGraphBuilder(graph, topo, CostModel())
     base = data_parallel(graph, 16)
-    times = {nb: simulate_strategy(b, layer_blocks(graph, topo, base, neighbours=nb))[0].step_time
-             for nb in (True, False)}
+    times = {(nb, share): simulate_strategy(b, layer_blocks(graph, topo, base, neighbours=nb, share=share))[0].step_time
+             for nb, share in ((True, 1), (False, 1), (False, 2))}
     sessions = {}
     cand = _layer_blocks(b, base, sessions, None)
     assert cand.step_time == pytest.approx(min(times.values()), rel=1e-12)
