@@ -24,7 +24,7 @@ from bisect import bisect_left, bisect_right
 from heapq import heapify, heappop, heappush, heapreplace
 from itertools import chain, islice, repeat
 
-from ._replay import check_resolution
+from ._replay import check_resolution, row
 from ._taskstore import TaskGraph, find_cycle
 
 INF = math.inf
@@ -76,8 +76,7 @@ def delta_pass(g: TaskGraph, S, seeds, new, removed, limit: float = INF,
 
     # 2. Every resource's last end just before the cut: nearest checkpoint, then a short scan.
     j = bisect_right(S._ck_pos, cut) - 1
-    v0 = S._ck_vec[j]
-    last = v0 + [0.0] * (nres - len(v0))
+    last = row(S._ck_vec[j], nres)
     for x in islice(seq, S._ck_pos[j], cut):
         last[rix[x]] = en[x]
     at_cut = last[:]
@@ -287,7 +286,7 @@ def delta_pass(g: TaskGraph, S, seeds, new, removed, limit: float = INF,
     if moved and later:
         # A resource whose last end moved has no old task after the stop (the convergence test),
         # so the old checkpoints after it hold its old last end all along: they get the new one.
-        later = [v[:] + [0.0] * (nres - len(v)) for v in later]
+        later = [row(v, nres) for v in later]
         for v in later:
             for R in moved:
                 v[R] = last[R]

@@ -109,7 +109,7 @@ def resume_pass(g: TaskGraph, every: int, oseq: array, osim: bytearray, mod: byt
     end = count - (len(oseq) - stop)  # the re-timed stretch ends here
     c0 = cut // every + 1  # rows after the cut (those up to it are the old ones)
     pos = list(range(c0 * every, end, every))
-    return _flat("q", seq), cut, stop, last.tolist(), olast.tolist(), pos, ck[c0:c0 + len(pos)].tolist()
+    return _flat("q", seq), cut, stop, last.tolist(), olast.tolist(), pos, list(ck[c0:c0 + len(pos)].copy())
 
 
 def compaction_due(g: TaskGraph) -> bool:
@@ -134,7 +134,7 @@ def _compiled_pass(g: TaskGraph, every: int):
     last = last.tolist()
     check_resolution(g, max(last, default=0.0))
     pos = list(range(0, max(count, 1), step)) if every else [0]
-    vecs = ck.tolist() if every else [[0.0] * nres]
+    vecs = list(ck) if every else [[0.0] * nres]
     return (_flat("d", rdy), _flat("d", st), _flat("d", en), _flat("q", bind), _flat("q", seq), last,
             pos, vecs)
 
@@ -207,6 +207,15 @@ def full_pass(g: TaskGraph):
         raise find_cycle(start, pred, lambda p: cnt[p] > 0, key)
     check_resolution(g, max(last, default=0.0))
     return rdy, st, en, bind, seq, last
+
+
+def row(v, n: int) -> list[float]:
+    """A checkpoint vector — a list, or a numpy row as the compiled passes leave them (converting
+    every row to a list costs more than the rows a re-timing reads) — as a list of `n` floats;
+    resources added since it was taken are idle (0)."""
+    out = v[:] if type(v) is list else v.tolist()
+    out += [0.0] * (n - len(out))
+    return out
 
 
 def checkpoints(seq, en, rix, nres: int, every: int):

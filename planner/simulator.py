@@ -106,7 +106,7 @@ from . import _bulk
 from ._batches import Batch, undoes
 from . import _delta
 from ._delta import delta_pass
-from ._replay import check_resolution, compact_edges, compaction_due, compiled, resume_pass, timed_pass
+from ._replay import check_resolution, compact_edges, compaction_due, compiled, resume_pass, row, timed_pass
 from ._taskstore import TaskGraph, TaskInfo
 from .errors import SimulationError
 from ._timeline import Timeline, _Data
@@ -522,7 +522,7 @@ class DeltaSimulator:
             final = [f if f != b else a for a, b, f in zip(last, olast, self._final + [0.0] * len(last))]
             moved = [R for R, (a, b) in enumerate(zip(last, olast)) if a != b]
             if moved and later:
-                later = [v[:] + [0.0] * (len(last) - len(v)) for v in later]
+                later = [row(v, len(last)) for v in later]
                 for v in later:
                     for R in moved:
                         v[R] = last[R]
@@ -545,7 +545,7 @@ class DeltaSimulator:
     def can_rollback(self) -> bool:
         """Can `rollback()` take back the last simulated batch?"""
         return (self._last_journal is not None and self._prev is not None
-                and self._g._version == self._done)
+                and self._g._version == self._done and self._g._compactions == self._compactions)
 
     def rollback(self) -> Timeline:
         """Take back the last simulated batch: the graph's edits are undone from its journal

@@ -219,6 +219,17 @@ def test_a_rollback_restores_the_graph_under_the_same_ids_and_its_timeline(data)
         assert_same(w.sim)
 
 
+def test_a_rollback_is_refused_once_the_edge_pool_was_compacted_behind_the_simulator():
+    sim = DeltaSimulator(absorbed_change_graph())
+    sim.remove_task((50,))
+    sim.resimulate()
+    assert sim.can_rollback()
+    simulator_module.compact_edges(sim.graph)  # renumbers the records the journal names
+    assert not sim.can_rollback()
+    with pytest.raises(SimulationError, match="nothing to roll back"):
+        sim.rollback()
+
+
 def test_a_rollback_is_refused_with_edits_pending_or_twice():
     sim = DeltaSimulator(absorbed_change_graph())
     with pytest.raises(SimulationError, match="nothing to roll back"):
@@ -272,10 +283,11 @@ def test_delta_equals_full_with_the_default_replay_policy(data):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("policy", [replay_always, resume_always])
 @settings(max_examples=1500, deadline=None)
 @given(st.data())
-def test_delta_equals_full_on_thousands_of_random_edit_batches(data):
-    with replay_always(quiet=data.draw(st.sampled_from([1, 2, 16]))):
+def test_delta_equals_full_on_thousands_of_random_edit_batches(policy, data):
+    with policy(quiet=data.draw(st.sampled_from([1, 2, 16]))):
         w = World(data, max_tasks=40)
         for _ in range(data.draw(st.integers(1, 6))):
             for _ in range(data.draw(st.integers(1, 8))):
