@@ -35,13 +35,13 @@ On inception_v3 and `p100-4x4` (data parallelism 53.35 ms, OptCNN 49.64):
 | placement | step | compute per GPU (max / mean) | busiest NIC link |
 |---|---|---|---|
 | `branch_placement`, spread 2 | 45.67 ms | 42.94 / 28.46 ms | 26.34 ms |
-| `balanced_branches`, alpha 0.5 | 39.87 ms | 29.97 / 28.31 ms | 26.61 ms |
-| `balanced_branches`, alpha 1 | 39.19 ms | 31.04 / 28.06 ms | 25.78 ms |
-| `balanced_branches`, alpha 2 | 41.12 ms | 33.67 / 27.30 ms | 22.92 ms |
+| `balanced_branches`, alpha 0.5 | 40.04 ms | 30.10 / 28.31 ms | 26.61 ms |
+| `balanced_branches`, alpha 1 | 39.33 ms | 30.44 / 28.06 ms | 25.78 ms |
+| `balanced_branches`, alpha 2 | 41.57 ms | 32.02 / 27.30 ms | 22.92 ms |
 
 `branch_placement` puts every module's heaviest branch on GPU 0 of each node (42.9 ms of work
-there, 18.6 on GPU 3); the balanced placement splits Mixed_6b-6e's double 7x7 tower over GPUs 2
-and 3 and runs the 1x1, 7x7 and pool towers on GPUs 0 and 1.  On `k80-16x4` the network is the
+there, 18.6 on GPU 3); the balanced placement splits Mixed_6b-6e's double 7x7 tower over a pair
+of GPUs and runs the 1x1, 7x7 and pool towers on the other two.  On `k80-16x4` the network is the
 bottleneck (114 ms on each node's NIC link against 30 ms of compute) and every branch on one GPU
 (`branch_placement` with no spread limit, 128.9 ms) stays the better start.
 """

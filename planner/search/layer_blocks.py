@@ -48,7 +48,8 @@ four ways 1.5x): 67.9 ms.
 The plan simulates the three (`neighbours=True`, `False`, and `False` with `share=2`) and
 starts MCMC from the fastest: with one device per layer (four layers on four GPUs) the layers
 alone do better on rnnlm; two to a block wins on nmt on one node and loses elsewhere (rnntc on
-`p100-1x4` 33.6 ms against 30.9, nmt on `p100-4x4` 63.3 against 41.1).
+`p100-1x4` 33.6 ms against 30.9, nmt on `p100-4x4` 63.3 against 41.1, on `k80-16x4` 271.2 against
+198.5).
 """
 
 from __future__ import annotations

@@ -217,7 +217,8 @@ def _restarts(builder: TaskGraphBuilder, chains: list[ChainResult], left_s: floa
     """Spend what the chains left of the budget (each stops after going half its share without
     improving) on new chains from the best strategy found so far, each with all the time left
     and a seed of its own, until less than `MIN_RESTART_SECONDS` or a tenth of the first
-    restart's time remains.  Counted searches (`max_proposals`) have no time to spend."""
+    restart's time remains (a restart stops early only when it would leave at least that much,
+    so no time is left unused).  Counted searches (`max_proposals`) have no time to spend."""
     out: list[ChainResult] = []
     if max_proposals is not None or not math.isfinite(left_s):
         return out
@@ -255,7 +256,7 @@ def _layer_blocks(builder: TaskGraphBuilder, base: Strategy, sessions: dict, max
 #: The plan tries `balanced_branches` with each of `BRANCH_ALPHAS` (network seconds weighed
 #: against compute seconds) and `branch_placement` with each of `BRANCH_SPREADS`, and starts
 #: from the fastest.  On inception_v3, `p100-4x4`: alpha 0.5 / 1 / 2 give 40.0 / 39.3 / 41.6 ms,
-#: every branch on one GPU 52.7; `k80-16x4`: every branch on one GPU 128.9 ms, alpha 2 129.9.
+#: every branch on one GPU 52.7; `k80-16x4`: every branch on one GPU 128.9 ms, alpha 2 129.8.
 BRANCH_ALPHAS = (0.5, 1.0, 2.0)
 BRANCH_SPREADS = (math.inf,)
 
