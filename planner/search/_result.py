@@ -87,10 +87,26 @@ class PlanResult:
             extra = "" if c.fits or c.step_time is None else "  (does not fit in memory)"
             why = f"  — {c.note}" if c.step_time is None and c.note else ""
             lines.append(f"  {k:15s} {t:>13s}  ({c.seconds:.1f} s){extra}{why[:120]}")
-        mem = ", ".join(f"{d}: {_bytes(m)}/{_bytes(self.memory_capacity.get(d, 0))}" for d, m in self.peak_memory.items())
-        lines.append(f"  peak memory per device (used/capacity): {mem}")
+        lines.append(f"  peak memory {_memory_summary(self.peak_memory, self.memory_capacity)}")
         lines.append(f"  search took {self.search_seconds:.1f} s (seed {self.settings.get('seed')})")
         return "\n".join(lines)
+
+
+#: Up to this many devices the report lists each one's peak memory; beyond, the fullest and the
+#: emptiest (a 64-GPU list fills a screen; `--json` has every device).
+MEMORY_LIST_DEVICES = 8
+
+
+def _memory_summary(peak: dict[int, int], capacity: dict[int, int]) -> str:
+    """Peak memory per device against its capacity, as one readable line."""
+    if len(peak) <= MEMORY_LIST_DEVICES:
+        return "per device (used/capacity): " + ", ".join(
+            f"{d}: {_bytes(m)}/{_bytes(capacity.get(d, 0))}" for d, m in peak.items())
+    fill = lambda d: peak[d] / capacity[d] if capacity.get(d) else math.inf
+    full, empty = max(peak, key=fill), min(peak, key=fill)
+    return (f"of {len(peak)} devices (used/capacity): fullest device {full} {_bytes(peak[full])}/"
+            f"{_bytes(capacity.get(full, 0))}, emptiest device {empty} {_bytes(peak[empty])}/"
+            f"{_bytes(capacity.get(empty, 0))} (every device with --json)")
 
 
 def _bytes(n: float) -> str:

@@ -121,3 +121,16 @@ def test_budget_the_chains_leave_goes_to_restarts_from_the_best_strategy_found(m
                               ui=plan_mod._Progress(False)) == []
     assert plan_mod._restarts(builder, [best], float("inf"), seed=0, beta_rel=400, max_proposals=None,
                               ui=plan_mod._Progress(False)) == []
+
+
+@pytest.mark.parametrize("devices, expect", [
+    (4, ["per device (used/capacity): 0: 1.00 MiB/16.00 GiB, 1: 2.00 MiB/16.00 GiB"]),
+    # Beyond eight devices: the fullest and the emptiest relative to capacity, not a screenful.
+    (16, ["of 16 devices (used/capacity): fullest device 15 16.00 MiB/16.00 GiB, emptiest device 0 1.00 MiB/16.00 GiB"]),
+])
+def test_the_report_lists_peak_memory_per_device_up_to_eight_and_summarizes_beyond(devices, expect):
+    from autopar.planner.search._result import _memory_summary
+    peak = {d: (d + 1) * 2 ** 20 for d in range(devices)}
+    line = _memory_summary(peak, {d: 16 * 2 ** 30 for d in range(devices)})
+    assert all(e in line for e in expect), line
+    assert line.count("/16.00 GiB") == (devices if devices <= 8 else 2)
