@@ -123,6 +123,25 @@ def _sort_by_key(ids, n: int, tmp, keys) -> None:
 
 
 @njit(cache=True)
+def _pop_ready(hr, hi, n: int, batch, tmp, keys):
+    """Pop every task of the heap ready at its earliest time into `batch`, sorted by key (the
+    order Algorithm 1 runs ties in); returns (how many, the heap's new size)."""
+    r = hr[0]
+    b = 0
+    while n > 0 and hr[0] == r:
+        batch[b] = hi[0]
+        b += 1
+        n -= 1
+        if n > 0:
+            hr[0] = hr[n]
+            hi[0] = hi[n]
+            _sift_down(hr, hi, n, 0)
+    if b > 1:
+        _sort_by_key(batch, b, tmp, keys)
+    return b, n
+
+
+@njit(cache=True)
 def live_edges(alive, gen, rec, ealive):
     """Mask of the pool's live edges (`rec` rows: source, target, their generations)."""
     m = rec.shape[0]
@@ -166,17 +185,7 @@ def _run(hr, hi, n: int, off, adj, cnt, dur, rix, keys, rdy, st, en, bind, last,
     tmp = np.empty(hr.shape[0], np.int64)
     while n > 0:
         r = hr[0]
-        b = 0
-        while n > 0 and hr[0] == r:
-            batch[b] = hi[0]
-            b += 1
-            n -= 1
-            if n > 0:
-                hr[0] = hr[n]
-                hi[0] = hi[n]
-                _sift_down(hr, hi, n, 0)
-        if b > 1:
-            _sort_by_key(batch, b, tmp, keys)
+        b, n = _pop_ready(hr, hi, n, batch, tmp, keys)
         for q in range(b):
             i = batch[q]
             if count % every == 0:
@@ -290,17 +299,7 @@ def _run_rejoin(hr, hi, n: int, off, adj, cnt, dur, rix, keys, rdy, st, en, bind
         if n == 0:
             return count, L, olast
         r = hr[0]
-        b = 0
-        while n > 0 and hr[0] == r:
-            batch[b] = hi[0]
-            b += 1
-            n -= 1
-            if n > 0:
-                hr[0] = hr[n]
-                hi[0] = hi[n]
-                _sift_down(hr, hi, n, 0)
-        if b > 1:
-            _sort_by_key(batch, b, tmp, keys)
+        b, n = _pop_ready(hr, hi, n, batch, tmp, keys)
         for q in range(b):
             t = batch[q]
             if count % every == 0:
