@@ -175,6 +175,44 @@ def _successors(alive, gen, rec, ealive):
     return off, adj, ok
 
 
+@njit(cache=True, inline="always")
+def _place(t: int, r: float, count: int, every: int, ck, last, rix, dur, rdy, st, en, seq) -> float:
+    """Run task `t`, ready at `r`, as the `count`-th of the order: on its resource after the last
+    task there (FIFO, FlexFlow sec. 5.2); checkpoint row ``count // every`` first.  Returns its end."""
+    if count % every == 0:
+        ck[count // every, :] = last
+    R = rix[t]
+    s = last[R]
+    if s < r:
+        s = r
+    e = s + dur[t]
+    last[R] = e
+    rdy[t] = r
+    st[t] = s
+    en[t] = e
+    seq[count] = t
+    return e
+
+
+@njit(cache=True, inline="always")
+def _release(t: int, e: float, off, adj, cnt, rdy, bind, hr, hi, n: int) -> int:
+    """Task `t` ended at `e`: each successor is ready no earlier, and one whose last input this
+    was joins the heap bound to `t`.  Returns the heap's new size."""
+    for p in range(off[t], off[t + 1]):
+        j = adj[p]
+        if rdy[j] < e:
+            rdy[j] = e
+        c = cnt[j] - 1
+        cnt[j] = c
+        if c == 0:
+            bind[j] = t
+            hr[n] = rdy[j]
+            hi[n] = j
+            n += 1
+            _sift_up(hr, hi, n - 1)
+    return n
+
+
 @njit(cache=True)
 def _run(hr, hi, n: int, off, adj, cnt, dur, rix, keys, rdy, st, en, bind, last, seq, count: int,
          every: int, ck):
@@ -188,31 +226,9 @@ def _run(hr, hi, n: int, off, adj, cnt, dur, rix, keys, rdy, st, en, bind, last,
         b, n = _pop_ready(hr, hi, n, batch, tmp, keys)
         for q in range(b):
             i = batch[q]
-            if count % every == 0:
-                ck[count // every, :] = last
-            R = rix[i]
-            s = last[R]
-            if s < r:
-                s = r
-            e = s + dur[i]
-            last[R] = e
-            rdy[i] = r
-            st[i] = s
-            en[i] = e
-            seq[count] = i
+            e = _place(i, r, count, every, ck, last, rix, dur, rdy, st, en, seq)
             count += 1
-            for p in range(off[i], off[i + 1]):
-                j = adj[p]
-                if rdy[j] < e:
-                    rdy[j] = e
-                c = cnt[j] - 1
-                cnt[j] = c
-                if c == 0:
-                    bind[j] = i
-                    hr[n] = rdy[j]
-                    hi[n] = j
-                    n += 1
-                    _sift_up(hr, hi, n - 1)
+            n = _release(i, e, off, adj, cnt, rdy, bind, hr, hi, n)
     return count
 
 
@@ -302,18 +318,7 @@ def _run_rejoin(hr, hi, n: int, off, adj, cnt, dur, rix, keys, rdy, st, en, bind
         b, n = _pop_ready(hr, hi, n, batch, tmp, keys)
         for q in range(b):
             t = batch[q]
-            if count % every == 0:
-                ck[count // every, :] = last
-            R = rix[t]
-            s = last[R]
-            if s < r:
-                s = r
-            e = s + dur[t]
-            last[R] = e
-            rdy[t] = r
-            st[t] = s
-            en[t] = e
-            seq[count] = t
+            e = _place(t, r, count, every, ck, last, rix, dur, rdy, st, en, seq)
             count += 1
             done[t] = True
             f = mod[t]
@@ -326,18 +331,7 @@ def _run_rejoin(hr, hi, n: int, off, adj, cnt, dur, rix, keys, rdy, st, en, bind
                 changed[nchanged] = t
                 nchanged += 1
                 still = 0
-            for p in range(off[t], off[t + 1]):
-                j = adj[p]
-                if rdy[j] < e:
-                    rdy[j] = e
-                c = cnt[j] - 1
-                cnt[j] = c
-                if c == 0:
-                    bind[j] = t
-                    hr[n] = rdy[j]
-                    hi[n] = j
-                    n += 1
-                    _sift_up(hr, hi, n - 1)
+            n = _release(t, e, off, adj, cnt, rdy, bind, hr, hi, n)
 
 
 @njit(cache=True)
