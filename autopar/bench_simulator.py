@@ -8,7 +8,8 @@ devices, as FlexFlow's implementation draws them, or one task moved to another d
 almost every tensor across nodes) — and undoes each one afterwards, as MCMC does with a rejected proposal,
 so every change is measured against a realistic strategy rather than an ever more random one.
 A change MCMC would reject unbuilt (its edit would build more than `MAX_CHANGE_RATIO` times the
-tasks of the graph it starts from, `search.mcmc`) is redrawn, since no search ever delta-simulates
+placements of the graph it starts from — tasks counted once per link they occupy, `placements` in
+the JSON, `search.mcmc`) is redrawn, since no search ever delta-simulates
 it; `redrawn_too_big` counts them, and ``--all-changes`` measures them too.
 Every change and every undo is applied with delta simulation (`DeltaSession.change`: update the
 task graph for that op, re-time incrementally) and timed.  `delta_ms` is the mean over changes and
@@ -95,13 +96,14 @@ def _bench_row(model: str, topology: str, moves: int, fulls: int, seed: int, pro
     space = SoapSpace(topo.num_devices, uniform=uniform)
     session = DeltaSession(builder, base)
     tasks = len(session.sim.graph)
+    placements = session.sim.graph.placements()  # a transfer once per link (the search's units)
     every = max(1, moves // max(1, fulls))
     delta_s: list[float] = []
     proposal_s: list[float] = []
     full_s: list[float] = []
     agree = True
     ops = list(graph.ops)
-    limit = MAX_CHANGE_RATIO * max(tasks, 10_000) if not all_changes else None
+    limit = MAX_CHANGE_RATIO * max(placements, 10_000) if not all_changes else None
     skipped = 0
     for m in range(1, moves + 1):
         for attempt in range(MAX_REDRAWS + 1):
@@ -137,6 +139,7 @@ def _bench_row(model: str, topology: str, moves: int, fulls: int, seed: int, pro
     proposal_ms = statistics.mean(proposal_s) * 1e3
     return {
         "model": model, "topology": topology, "devices": topo.num_devices, "tasks": tasks,
+        "placements": placements,
         "full_ms": round(full_ms, 3), "delta_ms": round(delta_ms, 3), "speedup": round(full_ms / delta_ms, 2),
         "proposal_ms": round(proposal_ms, 3), "proposal_speedup": round(full_ms / proposal_ms, 2),
         "agree": agree, "changes": len(delta_s), "full_samples": len(full_s), "redrawn_too_big": skipped,

@@ -22,7 +22,7 @@ from operator import eq as _eq
 from operator import not_ as _not
 from operator import index as _as_index
 
-from ._taskstore import _PADS, KEY_FIELDS, KEY_PAD, TaskGraph, _check_duration, _is_int
+from ._taskstore import _PADS, KEY_FIELDS, KEY_PAD, MAX_PARTS, TaskGraph, _check_duration, _is_int, _parts
 from .errors import SimulationError, TaskGraphCycleError
 
 _INF = math.inf
@@ -119,14 +119,27 @@ def _add_tasks_checked(g: TaskGraph, tasks: list, ats, out: list) -> bool:
         if set(map(len, tasks)) != _SIX:
             return False
         K, R, D, KIND, NB, LAB = zip(*tasks)
-        durs = list(map(float, D))
+        rtypes = set(map(type, R))
+        multi = tuple in rtypes
+        if multi:
+            # Tasks with parts (`_taskstore._parts`): checked one by one; the others by column.
+            P = [p for p in range(m) if type(R[p]) is tuple or type(D[p]) is tuple]
+            parts = [_parts(K[p], R[p], D[p]) for p in P]
+            single = [p for p in range(m) if type(R[p]) is not tuple]
+            rtypes = set(type(R[p]) for p in single)
+            durs = list(D)
+            for p in single:
+                durs[p] = float(D[p])
+            sdurs = list(map(durs.__getitem__, single))
+        else:
+            durs = sdurs = list(map(float, D))
         lens = list(map(len, K))
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, SimulationError):
         return False
     ids = g._id
-    if (set(map(type, K)) != _TUPLE or set(map(type, R)) != _INT
+    if (set(map(type, K)) != _TUPLE or not rtypes <= _INT
             or not all(map(_is_int, chain.from_iterable(K)))
-            or not (all(map(_POSITIVE, durs)) and all(map(_FINITE, durs)))
+            or not (all(map(_POSITIVE, sdurs)) and all(map(_FINITE, sdurs)))
             or min(lens) == 0 or max(lens) > KEY_FIELDS
             or min(map(min, K)) <= KEY_PAD or max(map(max, K)) > _QMAX
             or len(set(K)) != m or not ids.keys().isdisjoint(K)):
@@ -153,19 +166,30 @@ def _add_tasks_checked(g: TaskGraph, tasks: list, ats, out: list) -> bool:
             old = [p for p in range(m) if I[p] < n]
             new = [p for p in range(m) if I[p] >= n]
     rindex, rlist = g._rindex, g._rlist
-    for r in dict.fromkeys(R):
-        if r not in rindex:
-            rindex[r] = len(rlist)
-            rlist.append(r)
-    X = list(map(rindex.__getitem__, R))
-    d = min(durs)
+    if multi:
+        dense = g._dense
+        X = [tuple(map(dense, R[p])) if type(R[p]) is tuple else dense(R[p]) for p in range(m)]
+        AX, AD = X[:], durs[:]
+        for p, (rs, ds) in zip(P, parts):
+            AX[p], AD[p] = -1, max(ds)
+        d = min(min(sdurs, default=_INF), min(min(ds) for _, ds in parts))
+        g._multipart = True
+    else:
+        for r in dict.fromkeys(R):
+            if r not in rindex:
+                rindex[r] = len(rlist)
+                rlist.append(r)
+        X = AX = list(map(rindex.__getitem__, R))
+        AD = durs
+        d = min(durs)
     if d < g._dmin:
         g._dmin = d
     G = range(g._gseq + 1, g._gseq + m + 1)
     g._gseq += m
     rows = list(map(tuple.__add__, K, map(_PADS.__getitem__, lens)))
-    cols = ((K, keys, None), (R, g._res, None), (X, g._rix, g._a_rix), (durs, g._dur, g._a_dur),
-            (KIND, g._kind, None), (NB, g._nbytes, None), (LAB, g._label, None), (G, None, g._a_gen))
+    cols = ((K, keys, None), (R, g._res, None), (X, g._rix, None), (AX, None, g._a_rix), (durs, g._dur, None),
+            (AD, None, g._a_dur), (KIND, g._kind, None), (NB, g._nbytes, None), (LAB, g._label, None),
+            (G, None, g._a_gen))
     if old:
         # Ids taken back (free or held): overwrite their slots, as `_add` does.
         whole = len(old) == m
@@ -192,6 +216,16 @@ def _add_tasks_checked(g: TaskGraph, tasks: list, ats, out: list) -> bool:
         g._a_key.extend(chain.from_iterable(rows))
         g._pred.extend([set() for _ in range(k)])
         g._succ.extend([set() for _ in range(k)])
+        g._grow_parts(k)
+    if multi:
+        set_parts = g._set_parts
+        for i, x, dd in zip(I, X, durs):
+            set_parts(i, x, dd)
+    elif old:
+        np_ = g._a_np  # reused ids lose the parts of the task they held
+        for i in (I if len(old) == m else map(I.__getitem__, old)):
+            if np_[i]:
+                np_[i] = 0
     ids.update(zip(K, I))
     if g._journal is not None:
         g._journal.append((5, I))  # one entry per batch (`TaskGraph._rollback`)
@@ -215,9 +249,17 @@ def _put_keys(g: TaskGraph, io: list, rows: list) -> None:
 
 def _add_tasks_loop(g: TaskGraph, tasks, ats, out: list) -> list[int]:
     """`add_tasks` one task at a time: `TaskGraph._add`'s steps with the graph's lists bound once."""
+    if any(type(t[1]) is tuple or type(t[2]) is tuple for t in tasks if type(t) is tuple and len(t) == 6):
+        # Tasks with parts: `_add` itself, task by task (this path only runs for batches with an
+        # invalid task, which raises where `_add` does).
+        add = g._add
+        for (key, resource, duration, kind, nbytes, label), at in zip(tasks, repeat(-1) if ats is None else ats):
+            out.append(add(key, resource, duration, kind, nbytes, label, at))
+        return out
     ids, keys, res, rixs, durs = g._id, g._key, g._res, g._rix, g._dur
     kinds, nbs, labels, preds, succs = g._kind, g._nbytes, g._label, g._pred, g._succ
     a_dur, a_rix, a_key, a_alive, a_gen = g._a_dur, g._a_rix, g._a_key, g._a_alive, g._a_gen
+    a_np = g._a_np
     free, rindex, rlist, journal = g._free, g._rindex, g._rlist, g._journal
     emit = out.append
     dmin, gseq, n0 = g._dmin, g._gseq, len(out)
@@ -268,6 +310,7 @@ def _add_tasks_loop(g: TaskGraph, tasks, ats, out: list) -> list[int]:
                 labels[i] = label
                 a_dur[i] = d
                 a_rix[i] = rix
+                a_np[i] = 0
                 a_alive[i] = 1
                 a_gen[i] = gseq
                 try:
@@ -302,6 +345,7 @@ def _add_tasks_loop(g: TaskGraph, tasks, ats, out: list) -> list[int]:
             a_rix.extend(t_rix)
             a_alive.frombytes(b"\x01" * len(t_dur))
             a_gen.extend(t_gen)
+            g._grow_parts(len(t_dur))
             _extend_keys(g, a_key, t_key)
     return out
 

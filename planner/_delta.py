@@ -24,12 +24,20 @@ from bisect import bisect_left, bisect_right
 from heapq import heapify, heappop, heappush, heapreplace
 from itertools import chain, islice, repeat
 
-from ._replay import check_resolution, row
-from ._taskstore import TaskGraph, find_cycle
+from ._replay import check_resolution, place_parts, row
+from ._taskstore import MAX_PARTS, TaskGraph, find_cycle
 
 INF = math.inf
 #: Re-timed tasks in a row that kept their end before the convergence test runs.
 QUIET = 16
+
+
+def _part_ends(last: list, R: tuple, pen, x: int) -> None:
+    """Each part's resource of task `x` (resources `R`) last ended with that part (part ends
+    from ``x * MAX_PARTS`` in `pen`)."""
+    b = x * MAX_PARTS
+    for h, Rh in enumerate(R):
+        last[Rh] = pen[b + h]
 
 
 def delta_pass(g: TaskGraph, S, seeds, new, removed, limit: float = INF,
@@ -77,8 +85,13 @@ def delta_pass(g: TaskGraph, S, seeds, new, removed, limit: float = INF,
     # 2. Every resource's last end just before the cut: nearest checkpoint, then a short scan.
     j = bisect_right(S._ck_pos, cut) - 1
     last = row(S._ck_vec[j], nres)
+    pen = S._pen
     for x in islice(seq, S._ck_pos[j], cut):
-        last[rix[x]] = en[x]
+        R = rix[x]
+        if type(R) is int:
+            last[R] = en[x]
+        else:
+            _part_ends(last, R, pen, x)
     at_cut = last[:]
     olast = last[:]  # the same state advanced along the *old* order, for the convergence test
     ofinal = S._final + [0.0] * (nres - len(S._final))  # old last end of every resource
@@ -159,14 +172,20 @@ def delta_pass(g: TaskGraph, S, seeds, new, removed, limit: float = INF,
     i = cut
     converged = False
     S._broken = True  # until the pass completes
+    opn: dict[int, array] = {}  # old part ends of the re-timed tasks with parts
     while heap:
         r, _, t = heap[0]
         R = rix[t]
-        s = last[R]
-        if s < r:
-            s = r
-        e = s + dur[t]
-        last[R] = e
+        if type(R) is int:
+            s = last[R]
+            if s < r:
+                s = r
+            e = s + dur[t]
+            last[R] = e
+        else:
+            if t not in opn:
+                opn[t] = pen[t * MAX_PARTS:(t + 1) * MAX_PARTS]
+            s, e = place_parts(t, r, R, dur[t], last, pen)
         rdy[t] = r
         st[t] = s
         en[t] = e
@@ -219,7 +238,15 @@ def delta_pass(g: TaskGraph, S, seeds, new, removed, limit: float = INF,
             if xr > Pr or (xr == Pr and key[x] >= Pk):
                 break
             i += 1
-            olast[rix[x]] = oen[x]
+            R = rix[x]
+            if type(R) is int:
+                olast[R] = oen[x]
+            else:
+                old = opn.get(x)  # a task with parts the replay re-timed: its old part ends
+                if old is None:
+                    _part_ends(olast, R, pen, x)
+                else:
+                    _part_ends(olast, R, old, 0)
             if x in gone_set:
                 gone -= 1
             else:
@@ -251,6 +278,10 @@ def delta_pass(g: TaskGraph, S, seeds, new, removed, limit: float = INF,
         # Tasks from the stop on keep their old times (some were waiting or queued).
         tail = seq[i:]
         any(map(en.__setitem__, tail, map(oen.__getitem__, tail)))
+        for x in tail:
+            old = opn.get(x)
+            if old is not None:
+                pen[x * MAX_PARTS:(x + 1) * MAX_PARTS] = old
     else:
         i = L  # the whole old suffix is replaced
         if cut + len(order) != len(g._id):
@@ -274,7 +305,11 @@ def delta_pass(g: TaskGraph, S, seeds, new, removed, limit: float = INF,
         mid_pos.append(cut + c)
         mid_vec.append(v[:])
         for t in islice(order, c, c + every):
-            v[rix[t]] = en[t]
+            R = rix[t]
+            if type(R) is int:
+                v[R] = en[t]
+            else:
+                _part_ends(v, R, pen, t)
     pos, vecs = S._ck_pos, S._ck_vec
     lo = bisect_right(pos, cut)
     hi = bisect_left(pos, i) if converged else len(pos)

@@ -176,17 +176,37 @@ def _successors(alive, gen, rec, ealive):
 
 
 @njit(cache=True, inline="always")
-def _place(t: int, r: float, count: int, every: int, ck, last, rix, dur, rdy, st, en, seq) -> float:
+def _place(t: int, r: float, count: int, every: int, ck, last, rix, dur, rdy, st, en, seq,
+           npt, prix, pdur, pen) -> float:
     """Run task `t`, ready at `r`, as the `count`-th of the order: on its resource after the last
-    task there (FIFO, FlexFlow sec. 5.2); checkpoint row ``count // every`` first.  Returns its end."""
+    task there (FIFO, FlexFlow sec. 5.2) — a task with parts runs each part so on its own
+    resource, and starts with its first part to start and ends with its last part to end;
+    checkpoint row ``count // every`` first.  Returns its end."""
     if count % every == 0:
         ck[count // every, :] = last
-    R = rix[t]
-    s = last[R]
-    if s < r:
-        s = r
-    e = s + dur[t]
-    last[R] = e
+    k = npt[t]
+    if k == 0:
+        R = rix[t]
+        s = last[R]
+        if s < r:
+            s = r
+        e = s + dur[t]
+        last[R] = e
+    else:
+        s = np.inf
+        e = -np.inf
+        for h in range(k):
+            R = prix[t, h]
+            a = last[R]
+            if a < r:
+                a = r
+            b = a + pdur[t, h]
+            last[R] = b
+            pen[t, h] = b
+            if a < s:
+                s = a
+            if b > e:
+                e = b
     rdy[t] = r
     st[t] = s
     en[t] = e
@@ -215,7 +235,7 @@ def _release(t: int, e: float, off, adj, cnt, rdy, bind, hr, hi, n: int) -> int:
 
 @njit(cache=True)
 def _run(hr, hi, n: int, off, adj, cnt, dur, rix, keys, rdy, st, en, bind, last, seq, count: int,
-         every: int, ck):
+         every: int, ck, npt, prix, pdur, pen):
     """Algorithm 1's loop from a heap of `n` ready tasks, the order filled from position `count`
     on; checkpoint row c gets every resource's last end before position ``c * every``.  Returns
     the position after the last task run."""
@@ -226,7 +246,7 @@ def _run(hr, hi, n: int, off, adj, cnt, dur, rix, keys, rdy, st, en, bind, last,
         b, n = _pop_ready(hr, hi, n, batch, tmp, keys)
         for q in range(b):
             i = batch[q]
-            e = _place(i, r, count, every, ck, last, rix, dur, rdy, st, en, seq)
+            e = _place(i, r, count, every, ck, last, rix, dur, rdy, st, en, seq, npt, prix, pdur, pen)
             count += 1
             n = _release(i, e, off, adj, cnt, rdy, bind, hr, hi, n)
     return count
@@ -234,7 +254,7 @@ def _run(hr, hi, n: int, off, adj, cnt, dur, rix, keys, rdy, st, en, bind, last,
 
 @njit(cache=True)
 def _run_rejoin(hr, hi, n: int, off, adj, cnt, dur, rix, keys, rdy, st, en, bind, last, seq, count: int,
-                every: int, ck, oseq, ordy, oen, ofinal, mod, done, quiet: int):
+                every: int, ck, oseq, ordy, oen, ofinal, mod, done, quiet: int, npt, prix, pdur, pen, open_):
     """`_run` from the cut, stopping where the new timeline rejoins the old one: at a point P
     between two ready times where the new simulation's state is the old one's — the same tasks
     done (every edited and new task among them, every removed one passed), no task whose end
@@ -275,7 +295,12 @@ def _run_rejoin(hr, hi, n: int, off, adj, cnt, dur, rix, keys, rdy, st, en, bind
             while i < L and ordy[oseq[i]] < Pr:
                 x = oseq[i]
                 i += 1
-                olast[rix[x]] = oen[x]
+                k = npt[x]
+                if k == 0:
+                    olast[rix[x]] = oen[x]
+                else:
+                    for h in range(k):
+                        olast[prix[x, h]] = open_[x, h]
                 if mod[x] == 3:
                     gone -= 1
                 else:
@@ -318,7 +343,7 @@ def _run_rejoin(hr, hi, n: int, off, adj, cnt, dur, rix, keys, rdy, st, en, bind
         b, n = _pop_ready(hr, hi, n, batch, tmp, keys)
         for q in range(b):
             t = batch[q]
-            e = _place(t, r, count, every, ck, last, rix, dur, rdy, st, en, seq)
+            e = _place(t, r, count, every, ck, last, rix, dur, rdy, st, en, seq, npt, prix, pdur, pen)
             count += 1
             done[t] = True
             f = mod[t]
@@ -335,7 +360,7 @@ def _run_rejoin(hr, hi, n: int, off, adj, cnt, dur, rix, keys, rdy, st, en, bind
 
 
 @njit(cache=True)
-def full_pass_arrays(alive, gen, dur, rix, nres: int, keys, rec, ealive, every: int):
+def full_pass_arrays(alive, gen, dur, rix, nres: int, keys, rec, ealive, every: int, npt, prix, pdur):
     """Algorithm 1 over the arrays.  Returns (ready, start, end, bind, order, count, last end per
     resource index, remaining input counts, checkpoint vectors); ``count`` < live tasks means a
     cycle (the tasks with a remaining count > 0 never ran).  Checkpoint row c holds every
@@ -366,13 +391,16 @@ def full_pass_arrays(alive, gen, dur, rix, nres: int, keys, rec, ealive, every: 
     last = np.zeros(nres, np.float64)
     seq = np.empty(live, np.int64)
     ck = np.zeros(((live + every - 1) // every if live > 0 else 1, nres), np.float64)
-    count = _run(hr, hi, n, off, adj, cnt, dur, rix, keys, rdy, st, en, bind, last, seq, 0, every, ck)
-    return rdy, st, en, bind, seq[:count], count, last, cnt, ck
+    pen = np.zeros(prix.shape, np.float64)
+    count = _run(hr, hi, n, off, adj, cnt, dur, rix, keys, rdy, st, en, bind, last, seq, 0, every, ck,
+                 npt, prix, pdur, pen)
+    return rdy, st, en, bind, seq[:count], count, last, cnt, ck, pen
 
 
 @njit(cache=True)
 def resume_pass_arrays(alive, gen, dur, rix, nres: int, keys, rec, ealive, every: int,
-                       oseq, osim, mod, rdy, st, en, bind, ordy, oen, ofinal, quiet: int):
+                       oseq, osim, mod, rdy, st, en, bind, ordy, oen, ofinal, quiet: int,
+                       npt, prix, pdur, pen, open_):
     """Delta simulation's re-timing (FlexFlow sec. 5.3) compiled: Algorithm 1 from the cut on.
 
     `rdy`, `st`, `en`, `bind` hold the old timeline (ids of tasks added since hold anything) and
@@ -439,7 +467,12 @@ def resume_pass_arrays(alive, gen, dur, rix, nres: int, keys, rec, ealive, every
     for k in range(cut):
         x = oseq[k]
         done[x] = True
-        last[rix[x]] = en[x]
+        np_ = npt[x]
+        if np_ == 0:
+            last[rix[x]] = en[x]
+        else:
+            for h in range(np_):
+                last[prix[x, h]] = pen[x, h]
     live = 0
     for x in range(cap):
         if alive[x] != 0:
@@ -493,10 +526,12 @@ def resume_pass_arrays(alive, gen, dur, rix, nres: int, keys, rec, ealive, every
     seq[:cut] = oseq[:cut]
     ck = np.zeros(((live + every - 1) // every if live > 0 else 1, nres), np.float64)
     if quiet <= 0:
-        count = _run(hr, hi_, n, off, adj, cnt, dur, rix, keys, rdy, st, en, bind, last, seq, cut, every, ck)
+        count = _run(hr, hi_, n, off, adj, cnt, dur, rix, keys, rdy, st, en, bind, last, seq, cut, every, ck,
+                     npt, prix, pdur, pen)
         return seq[:count], count, cut, L, last, last, cnt, ck
     count, stop, olast = _run_rejoin(hr, hi_, n, off, adj, cnt, dur, rix, keys, rdy, st, en, bind, last, seq,
-                                     cut, every, ck, oseq, ordy, oen, ofinal, mod, done, quiet)
+                                     cut, every, ck, oseq, ordy, oen, ofinal, mod, done, quiet,
+                                     npt, prix, pdur, pen, open_)
     if stop < L:
         # The old order from the stop on runs as before: its old times, and each task's `bind`
         # as a full pass gives it (its inputs may have run in a new order before the stop).
@@ -506,6 +541,8 @@ def resume_pass_arrays(alive, gen, dur, rix, nres: int, keys, rec, ealive, every
             tail[x] = True
             rdy[x] = ordy[x]
             en[x] = oen[x]
+            for h in range(npt[x]):
+                pen[x, h] = open_[x, h]
             bind[x] = -1
             seq[count] = x
             count += 1

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from itertools import chain, repeat
 
+from ._taskstore import MAX_PARTS
 from .regions import Box, cells, volume
 
 #: Free ops (graph inputs, views) cost nothing in the cost model; their tasks still take this long
@@ -110,25 +111,31 @@ def op_plan(b, i: int, op, cfg) -> tuple:
     return tasks, edges, tuple(keys)
 
 
-_SUFFIX = tuple((h,) for h in range(64))
-_ZEROS = tuple((0.0,) * h for h in range(64))
-
-
 def _hop_tasks(tasks: list, base: tuple, latency: float, route: tuple, nbytes: float) -> list:
-    """The link tasks of one transfer (one per link of its route, `route` = (link resources,
-    bandwidths, labels)); returns their keys.  Made column by column: a plan holds 10^4-10^5
-    of them, and a search computes one for every new configuration it proposes."""
+    """The link tasks of one transfer (`route` = (link resources, bandwidths, labels)); returns
+    their keys.  A transfer occupies every link of its route, each for ``latency + bytes /
+    bandwidth``, all from the producer's end on and queueing FIFO on each link with its other
+    traffic; the consumer waits for every link.  That is one task with a part per link
+    (`TaskGraph` tasks with parts), keyed ``base + (0,)``; a route longer than `MAX_PARTS` links
+    is cut into tasks ``base + (c,)`` of up to `MAX_PARTS` parts, which times the same (they
+    are ready together and adjacent in (ready, key) order, see `planner.simulator`).  A route
+    of one link gives a task on that link.  Only the first task carries the bytes moved."""
     res, bws, labels = route
     k = len(res)
-    if k < len(_SUFFIX):
-        keys = list(map(base.__add__, _SUFFIX[:k]))
-        tasks.extend(zip(keys, res, [latency + nbytes / bw for bw in bws], repeat("comm", k),
-                         (nbytes,) + _ZEROS[k - 1] if k else (), labels))
-        return keys
+    if k == 1:
+        key = base + (0,)
+        tasks.append((key, res[0], latency + nbytes / bws[0], "comm", nbytes, labels[0]))
+        return [key]
     keys = []
-    for h, (r, bw, label) in enumerate(zip(res, bws, labels)):
-        key = base + (h,)
-        tasks.append((key, r, latency + nbytes / bw, "comm", nbytes if h == 0 else 0.0, label))
+    for c, lo in enumerate(range(0, k, MAX_PARTS)):
+        hi = min(lo + MAX_PARTS, k)
+        key = base + (c,)
+        nb = nbytes if c == 0 else 0.0
+        label = labels[lo].split("->")[0] + "->" + labels[hi - 1].split("->")[-1]
+        if hi - lo == 1:
+            tasks.append((key, res[lo], latency + nbytes / bws[lo], "comm", nb, label))
+        else:
+            tasks.append((key, res[lo:hi], tuple([latency + nbytes / bw for bw in bws[lo:hi]]), "comm", nb, label))
         keys.append(key)
     return keys
 

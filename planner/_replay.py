@@ -13,7 +13,7 @@ from array import array
 from heapq import heapify, heappop, heappush, heapreplace
 from itertools import islice
 
-from ._taskstore import KEY_FIELDS, TaskGraph, find_cycle
+from ._taskstore import KEY_FIELDS, MAX_PARTS, TaskGraph, find_cycle
 from .errors import SimulationError
 
 try:  # the compiled pass; without Numba every simulation uses the Python loop below
@@ -34,7 +34,8 @@ def check_resolution(g: TaskGraph, makespan: float) -> None:
     if math.ulp(makespan) <= g._dmin:
         return
     dur = g._dur
-    g._dmin = dmin = min((dur[i] for i in g._id.values()), default=math.inf)
+    g._dmin = dmin = min((min(d) if type(d) is tuple else d for d in map(dur.__getitem__, g._id.values())),
+                         default=math.inf)
     if math.ulp(makespan) > dmin:
         raise SimulationError(
             f"the shortest task lasts {dmin!r} s, below the floating-point resolution "
@@ -50,8 +51,9 @@ def compiled(g: TaskGraph) -> bool:
 
 def timed_pass(g: TaskGraph, every: int = 0, python: bool = False, compact: bool = True):
     """Algorithm 1 on `g`, compiled when possible: (ready, start, end, bind, order, last end per
-    resource index, checkpoint positions, checkpoint vectors), the checkpoints every `every`
-    tasks of the order (only position 0 when `every` is 0).  The compiled pass drops dead records
+    resource index, checkpoint positions, checkpoint vectors, part ends), the checkpoints every
+    `every` tasks of the order (only position 0 when `every` is 0); the end of part h of task i
+    is at ``i * MAX_PARTS + h`` of the part ends.  The compiled pass drops dead records
 from the edge pool first when they are many, unless `compact` is false (a `DeltaSimulator`
 compacts between batches: compaction renumbers the pool its journal refers to).
 
@@ -63,18 +65,20 @@ compacts between batches: compaction renumbers the pool its journal refers to).
         if compact and compaction_due(g):
             compact_edges(g)
         return _compiled_pass(g, every)
-    rdy, st, en, bind, seq, last = full_pass(g)
+    rdy, st, en, bind, seq, last, pen = full_pass(g)
     if every:
-        pos, vecs = checkpoints(seq, en, g._rix, len(g._rlist), every)
+        pos, vecs = checkpoints(seq, en, g._rix, len(g._rlist), every, pen)
     else:
         pos, vecs = [0], [[0.0] * len(g._rlist)]
-    return array("d", rdy), array("d", st), array("d", en), array("q", bind), array("q", seq), last, pos, vecs
+    return (array("d", rdy), array("d", st), array("d", en), array("q", bind), array("q", seq), last, pos, vecs,
+            pen)
 
 
 def _flat(typecode: str, a) -> array:
     """A numpy array's contents as an `array.array` (one memory copy)."""
     out = array(typecode)
-    out.frombytes(memoryview(_np.ascontiguousarray(a)).cast("B"))
+    if a.size:
+        out.frombytes(memoryview(_np.ascontiguousarray(a)).cast("B"))
     return out
 
 
@@ -82,12 +86,20 @@ def _view(a: array, dtype):
     return _np.frombuffer(a, dtype) if len(a) else _np.zeros(0, dtype)
 
 
+def _parts_views(g: TaskGraph, cap: int):
+    """The graph's part slots as the compiled passes read them: (parts per id, resource index
+    per slot, duration per slot), the slots as ``cap x MAX_PARTS`` matrices."""
+    return (_view(g._a_np, _np.int8), _view(g._a_prix, _np.int64).reshape(cap, MAX_PARTS),
+            _view(g._a_pdur, _np.float64).reshape(cap, MAX_PARTS))
+
+
 def resume_pass(g: TaskGraph, every: int, oseq: array, osim: bytearray, mod: bytearray,
                 rdy: array, st: array, en: array, bind: array, ordy: array, oen: array,
-                ofinal: list, quiet: int):
+                ofinal: list, quiet: int, pen: array, open_: array):
     """Delta simulation's re-timing from the cut on, compiled (`_fastpass.resume_pass_arrays`,
-    which says what the arguments are): `rdy`, `st`, `en`, `bind` — copies of the old timeline's
-    (`ordy`, `oen`), sized to the graph's ids — are re-timed in place.  Returns (order, cut, stop,
+    which says what the arguments are): `rdy`, `st`, `en`, `bind`, `pen` — copies of the old
+    timeline's (`ordy`, `oen`, `open_`: part ends), sized to the graph's ids — are re-timed in
+    place.  Returns (order, cut, stop,
     every resource's last end at the stop in the new and in the old timeline, checkpoint
     positions between the cut and the stop, their vectors), or None when the graph was edited in
     ways `mod` does not report (the caller then simulates in full)."""
@@ -99,7 +111,8 @@ def resume_pass(g: TaskGraph, every: int, oseq: array, osim: bytearray, mod: byt
         nres, _view(g._a_key, i64).reshape(cap, KEY_FIELDS), _view(g._e_rec, i64).reshape(-1, 4),
         _view(g._e_alive, _np.int8), every, _view(oseq, i64), _np.frombuffer(osim, _np.uint8),
         _np.frombuffer(mod, _np.uint8), _view(rdy, f64), _view(st, f64), _view(en, f64), _view(bind, i64),
-        _view(ordy, f64), _view(oen, f64), _np.array(ofinal + [0.0] * (nres - len(ofinal)), f64), quiet)
+        _view(ordy, f64), _view(oen, f64), _np.array(ofinal + [0.0] * (nres - len(ofinal)), f64), quiet,
+        *_parts_views(g, cap), _view(pen, f64).reshape(cap, MAX_PARTS), _view(open_, f64).reshape(cap, MAX_PARTS))
     if count < 0:
         return None
     if count != len(g._id):
@@ -123,10 +136,10 @@ def _compiled_pass(g: TaskGraph, every: int):
     i64 = _np.int64
     keys = _view(g._a_key, i64).reshape(cap, KEY_FIELDS)
     step = every if every > 0 else max(cap, 1)
-    rdy, st, en, bind, seq, count, last, cnt, ck = _fastpass.full_pass_arrays(
+    rdy, st, en, bind, seq, count, last, cnt, ck, pen = _fastpass.full_pass_arrays(
         _view(g._a_alive, _np.int8), _view(g._a_gen, i64), _view(g._a_dur, _np.float64),
         _view(g._a_rix, i64), nres, keys, _view(g._e_rec, i64).reshape(-1, 4),
-        _view(g._e_alive, _np.int8), step)
+        _view(g._e_alive, _np.int8), step, *_parts_views(g, cap))
     if count != len(g._id):
         rem = cnt.tolist()
         start = next(i for i in g._id.values() if rem[i] > 0)
@@ -136,7 +149,7 @@ def _compiled_pass(g: TaskGraph, every: int):
     pos = list(range(0, max(count, 1), step)) if every else [0]
     vecs = list(ck) if every else [[0.0] * nres]
     return (_flat("d", rdy), _flat("d", st), _flat("d", en), _flat("q", bind), _flat("q", seq), last,
-            pos, vecs)
+            pos, vecs, _flat("d", pen))
 
 
 def compact_edges(g: TaskGraph) -> None:
@@ -153,7 +166,7 @@ def compact_edges(g: TaskGraph) -> None:
 
 def full_pass(g: TaskGraph):
     """Algorithm 1 on `g` in Python (the reference the compiled pass is tested against):
-    returns (ready, start, end, bind, order, last end per resource index).
+    returns (ready, start, end, bind, order, last end per resource index, part ends).
 
     ``bind[t]`` is the predecessor whose completion made `t` ready — the last of its inputs to
     finish, in pop order (-1 without predecessors); delta simulation watches it.
@@ -174,16 +187,20 @@ def full_pass(g: TaskGraph):
             heap.append((0.0, key[i], i))
     heapify(heap)
     last = [0.0] * len(g._rlist)
+    pen = array("d", bytes(8 * MAX_PARTS * cap))
     seq: list[int] = []
     emit = seq.append
     while heap:
         r, _, i = heap[0]
         R = rix[i]
-        s = last[R]
-        if s < r:
-            s = r
-        e = s + dur[i]
-        last[R] = e
+        if type(R) is int:
+            s = last[R]
+            if s < r:
+                s = r
+            e = s + dur[i]
+            last[R] = e
+        else:
+            s, e = place_parts(i, r, R, dur[i], last, pen)
         st[i] = s
         en[i] = e
         emit(i)
@@ -206,7 +223,27 @@ def full_pass(g: TaskGraph):
         start = next(i for i in g._id.values() if cnt[i] > 0)
         raise find_cycle(start, pred, lambda p: cnt[p] > 0, key)
     check_resolution(g, max(last, default=0.0))
-    return rdy, st, en, bind, seq, last
+    return rdy, st, en, bind, seq, last, pen
+
+
+def place_parts(i: int, r: float, R: tuple, ds: tuple, last: list, pen: array) -> tuple[float, float]:
+    """Run the parts of task `i`, ready at `r`, each on its resource after the last task there;
+    their ends go to `pen`.  Returns the task's (start, end): its first part's start, its last
+    part's end."""
+    s = e = None
+    b = i * MAX_PARTS
+    for h, (Rh, d) in enumerate(zip(R, ds)):
+        a = last[Rh]
+        if a < r:
+            a = r
+        z = a + d
+        last[Rh] = z
+        pen[b + h] = z
+        if s is None or a < s:
+            s = a
+        if e is None or z > e:
+            e = z
+    return s, e
 
 
 def row(v, n: int) -> list[float]:
@@ -218,7 +255,7 @@ def row(v, n: int) -> list[float]:
     return out
 
 
-def checkpoints(seq, en, rix, nres: int, every: int):
+def checkpoints(seq, en, rix, nres: int, every: int, pen):
     """Last end time per resource index before positions 0, every, 2*every, ... of `seq`."""
     v = [0.0] * nres
     pos, vecs = [], []
@@ -226,5 +263,10 @@ def checkpoints(seq, en, rix, nres: int, every: int):
         pos.append(c)
         vecs.append(v[:])
         for x in islice(seq, c, c + every):
-            v[rix[x]] = en[x]
+            R = rix[x]
+            if type(R) is int:
+                v[R] = en[x]
+            else:
+                for h, Rh in enumerate(R):
+                    v[Rh] = pen[x * MAX_PARTS + h]
     return pos, vecs

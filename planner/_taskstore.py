@@ -48,6 +48,38 @@ KEY_FIELDS = 8
 KEY_PAD = -(1 << 62)
 _PADS = tuple((KEY_PAD,) * (KEY_FIELDS - n) for n in range(KEY_FIELDS + 1))
 
+#: Parts a multi-part task may have (a transfer over a route of up to this many links is one
+#: task; `planner._plans` splits longer routes).  Each id has this many part slots in the flat
+#: arrays the compiled pass reads.
+MAX_PARTS = 8
+_NO_PARTS = bytes(8 * MAX_PARTS)
+
+
+def _parts(key, resource, duration) -> tuple[tuple, tuple]:
+    """The (resources, durations) of a multi-part task, checked: 2..MAX_PARTS distinct int
+    resources, as many positive finite durations."""
+    if type(resource) is not tuple or type(duration) is not tuple:
+        raise SimulationError(
+            f"task {key!r}: a task with parts gives a tuple of resources and a tuple of as many "
+            f"part durations; got resource {resource!r} and duration {duration!r}")
+    k = len(resource)
+    if not 2 <= k <= MAX_PARTS:
+        raise SimulationError(
+            f"task {key!r}: {k} parts on {resource!r}; a task has 2 to {MAX_PARTS} parts (give a "
+            f"single resource as an int, or split the task into several with consecutive keys)")
+    if len(duration) != k:
+        raise SimulationError(
+            f"task {key!r}: {k} resources {resource!r} but {len(duration)} part durations {duration!r}; "
+            f"give one duration per resource")
+    try:
+        rs = tuple(map(_as_index, resource))
+    except TypeError:
+        raise SimulationError(f"task {key!r}: resources {resource!r} must be ints") from None
+    if len(set(rs)) != k:
+        raise SimulationError(
+            f"task {key!r}: resources {resource!r} repeat one; each part runs on its own resource")
+    return rs, tuple(_check_duration(key, d) for d in duration)
+
 
 def _check_duration(key, duration) -> float:
     d = float(duration)
@@ -66,7 +98,7 @@ class TaskGraph:
                  "_pred", "_succ", "_free", "_held", "_hold", "_rindex", "_rlist",
                  "_version", "_dmin", "_a_dur", "_a_rix", "_a_key", "_a_alive", "_a_gen",
                  "_e_rec", "_e_alive", "_nedges", "_compilable",
-                 "_gseq", "_journal", "_compactions")
+                 "_gseq", "_journal", "_compactions", "_a_np", "_a_prix", "_a_pdur", "_multipart")
 
     def __init__(self) -> None:
         self._id: dict[tuple, int] = {}      # key -> id of live tasks
@@ -92,6 +124,13 @@ class TaskGraph:
         self._a_key = array("q")             # KEY_FIELDS per id
         self._a_alive = array("b")
         self._a_gen = array("q")             # bumped when an id's task is removed
+        # Tasks with parts (`_parts`): the lists hold tuples (resources, dense indices, durations),
+        # `_a_rix` -1 and `_a_dur` the longest part; per id, the number of parts (0: none) and
+        # MAX_PARTS slots of dense resource index and duration.
+        self._a_np = array("b")
+        self._a_prix = array("q")
+        self._a_pdur = array("d")
+        self._multipart = False              # ever held a task with parts (`simulator` checks)
         self._e_rec = array("q")             # per edge: src, dst and their generations at add time
         self._e_alive = array("b")
         self._nedges = 0                     # live edges
@@ -113,6 +152,37 @@ class TaskGraph:
 
     def keys(self):
         return self._id.keys()
+
+    def placements(self) -> int:
+        """Tasks counted once per resource they occupy (a task with k parts counts k): what the
+        graph holds in the units of a task graph without multi-part tasks."""
+        if not self._multipart:
+            return len(self._id)
+        return len(self._id) + sum(len(r) - 1 for r, a in zip(self._rix, self._a_alive) if a and type(r) is tuple)
+
+    def _dense(self, r: int) -> int:
+        rix = self._rindex.get(r)
+        if rix is None:
+            rix = self._rindex[r] = len(self._rlist)
+            self._rlist.append(r)
+        return rix
+
+    def _set_parts(self, i: int, rix, dur) -> None:
+        """Write id `i`'s part slots (`rix`, `dur` tuples for a task with parts; ints/floats
+        otherwise: no parts)."""
+        if type(rix) is tuple:
+            k = len(rix)
+            self._a_np[i] = k
+            self._a_prix[i * MAX_PARTS:i * MAX_PARTS + k] = array("q", rix)
+            self._a_pdur[i * MAX_PARTS:i * MAX_PARTS + k] = array("d", dur)
+        else:
+            self._a_np[i] = 0
+
+    def _grow_parts(self, k: int) -> None:
+        """Part slots for `k` ids appended at the end (no parts)."""
+        self._a_np.frombytes(bytes(k))
+        self._a_prix.frombytes(_NO_PARTS * k)
+        self._a_pdur.frombytes(_NO_PARTS * k)
 
     def _ix(self, key) -> int:
         try:
@@ -153,19 +223,23 @@ class TaskGraph:
                 f"compare with each other")
         if key in self._id:
             raise SimulationError(f"task {key!r} is already in the task graph; remove it first to replace it")
-        d = float(duration)
-        if not 0.0 < d < math.inf:
-            _check_duration(key, duration)
-        try:
-            r = _as_index(resource)
-        except TypeError:
-            raise SimulationError(f"task {key!r}: resource {resource!r} must be an int") from None
-        rix = self._rindex.get(r)
-        if rix is None:
-            rix = self._rindex[r] = len(self._rlist)
-            self._rlist.append(r)
-        if d < self._dmin:
-            self._dmin = d
+        if type(resource) is tuple or type(duration) is tuple:
+            r, d = _parts(key, resource, duration)
+            rix = tuple(map(self._dense, r))
+            dlo, dhi, arix = min(d), max(d), -1
+            self._multipart = True
+        else:
+            d = float(duration)
+            if not 0.0 < d < math.inf:
+                _check_duration(key, duration)
+            try:
+                r = _as_index(resource)
+            except TypeError:
+                raise SimulationError(f"task {key!r}: resource {resource!r} must be an int") from None
+            rix = arix = self._dense(r)
+            dlo = dhi = d
+        if dlo < self._dmin:
+            self._dmin = dlo
         if len(key) <= KEY_FIELDS and (not key or min(key) > KEY_PAD):
             row = key + _PADS[len(key)]
         else:
@@ -180,11 +254,12 @@ class TaskGraph:
             self._kind[i] = kind
             self._nbytes[i] = nbytes
             self._label[i] = label
-            self._a_dur[i] = d
-            self._a_rix[i] = rix
+            self._a_dur[i] = dhi
+            self._a_rix[i] = arix
             self._a_alive[i] = 1
             self._gseq += 1
             self._a_gen[i] = self._gseq
+            self._set_parts(i, rix, d)
             try:
                 self._a_key[i * KEY_FIELDS:(i + 1) * KEY_FIELDS] = array("q", row)
             except OverflowError:
@@ -200,11 +275,13 @@ class TaskGraph:
             self._label.append(label)
             self._pred.append(set())
             self._succ.append(set())
-            self._a_dur.append(d)
-            self._a_rix.append(rix)
+            self._a_dur.append(dhi)
+            self._a_rix.append(arix)
             self._a_alive.append(1)
             self._gseq += 1
             self._a_gen.append(self._gseq)
+            self._grow_parts(1)
+            self._set_parts(i, rix, d)
             try:
                 self._a_key.extend(row)
             except OverflowError:
@@ -310,6 +387,10 @@ class TaskGraph:
         self._set_duration(self._ix(key), duration)
 
     def _set_duration(self, i: int, duration) -> bool:
+        if type(self._dur[i]) is tuple:
+            raise SimulationError(
+                f"task {self._key[i]!r} has parts on {self._res[i]!r}: set_duration changes a task "
+                f"with one resource; remove this task and add it again with new part durations")
         d = _check_duration(self._key[i], duration)
         if d == self._dur[i]:
             return False
@@ -361,7 +442,12 @@ class TaskGraph:
                 _, _, key, res, rix, dur, kind, nbytes, label, gen, ps, ss = entry
                 key_[i], self._res[i], self._rix[i], self._dur[i] = key, res, rix, dur
                 self._kind[i], self._nbytes[i], self._label[i] = kind, nbytes, label
-                self._a_dur[i], self._a_rix[i], self._a_gen[i] = dur, rix, gen
+                if type(rix) is tuple:
+                    self._a_dur[i], self._a_rix[i] = max(dur), -1
+                else:
+                    self._a_dur[i], self._a_rix[i] = dur, rix
+                self._a_gen[i] = gen
+                self._set_parts(i, rix, dur)
                 if len(key) <= KEY_FIELDS and (not key or min(key) > KEY_PAD):
                     self._a_key[i * KEY_FIELDS:(i + 1) * KEY_FIELDS] = array("q", key + _PADS[len(key)])
                 alive[i] = 1

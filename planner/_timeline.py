@@ -12,17 +12,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from ._taskstore import MAX_PARTS
 from .errors import SimulationError, UnknownTaskError
 
 
 class _Data:
     """Shared backing of one timeline's views."""
 
-    __slots__ = ("ids", "key", "res", "dur", "rdy", "st", "en", "seq", "owner", "version", "_by_res")
+    __slots__ = ("ids", "key", "res", "dur", "rdy", "st", "en", "seq", "pen", "owner", "version", "_by_res")
 
-    def __init__(self, ids, key, res, dur, rdy, st, en, seq, owner=None):
+    def __init__(self, ids, key, res, dur, rdy, st, en, seq, owner=None, pen=None):
         self.ids, self.key, self.res, self.dur = ids, key, res, dur
         self.rdy, self.st, self.en, self.seq = rdy, st, en, seq
+        self.pen = pen  # part ends, MAX_PARTS slots per id (tasks with parts: res and dur are tuples)
         self.owner = owner                       # a TaskGraph whose edits make this view stale
         self.version = owner._version if owner is not None else 0
         self._by_res: dict[int, list] | None = None
@@ -45,10 +47,18 @@ class _Data:
         if self._by_res is None:
             out: dict[int, list] = {}
             res, key = self.res, self.key
-            for i in self.seq:
-                lst = out.get(res[i])
+            for i in self.seq:  # the order tasks ran in, hence each resource's FIFO order
+                r = res[i]
+                if type(r) is tuple:  # a task with parts is on each part's resource
+                    for rh in r:
+                        lst = out.get(rh)
+                        if lst is None:
+                            lst = out[rh] = []
+                        lst.append(key[i])
+                    continue
+                lst = out.get(r)
                 if lst is None:
-                    lst = out[res[i]] = []
+                    lst = out[r] = []
                 lst.append(key[i])
             self._by_res = out
         return self._by_res
@@ -122,8 +132,43 @@ class Timeline:
         res, dur = d.res, d.dur
         for i in d.ids.values():
             r = res[i]
-            out[r] = out.get(r, 0.0) + dur[i]
+            if type(r) is tuple:
+                for rh, dh in zip(r, dur[i]):
+                    out[rh] = out.get(rh, 0.0) + dh
+            else:
+                out[r] = out.get(r, 0.0) + dur[i]
         return out
+
+    def parts(self, key) -> list[tuple[int, float, float]]:
+        """(resource, start, end) of each part of a task (one for a task with one resource)."""
+        d = self._data
+        i = d.ix(key)
+        r = d.res[i]
+        if type(r) is not tuple:
+            return [(r, d.st[i], d.en[i])]
+        b = i * MAX_PARTS
+        # The simulator keeps part ends only: a part starts when it is ready or when the task
+        # before it on its resource ended (end less duration would round).
+        out = []
+        for h, rh in enumerate(r):
+            s = d.rdy[i]
+            order = d.by_res()[rh]
+            n = order.index(key)
+            if n:
+                e = self._end_on(order[n - 1], rh)
+                if e > s:
+                    s = e
+            out.append((rh, s, d.pen[b + h]))
+        return out
+
+    def _end_on(self, key, resource: int) -> float:
+        """When task `key` (or its part) on `resource` ended."""
+        d = self._data
+        i = d.ids[key]
+        r = d.res[i]
+        if type(r) is not tuple:
+            return d.en[i]
+        return d.pen[i * MAX_PARTS + r.index(resource)]
 
     def same_as(self, other: "Timeline", tol: float = 0.0) -> bool:
         """Same tasks and, within `tol` seconds (exactly by default), the same times."""
@@ -143,6 +188,13 @@ class Timeline:
                     return False
             elif abs(ar[i] - br[j]) > tol or abs(ast[i] - bst[j]) > tol or abs(aen[i] - ben[j]) > tol:
                 return False
+            if type(a.res[i]) is tuple:
+                if a.res[i] != b.res[j]:
+                    return False
+                pa, pb = a.pen, b.pen
+                for h in range(len(a.res[i])):
+                    if abs(pa[i * MAX_PARTS + h] - pb[j * MAX_PARTS + h]) > tol:
+                        return False
         return True
 
     def differences(self, other: "Timeline", limit: int = 5) -> list[str]:
@@ -177,5 +229,11 @@ class Timeline:
         pick = lambda arr: [arr[i] for i in live]  # noqa: E731
         where = {i: n for n, i in enumerate(live)}
         seq = [where[i] for i in d.seq if i in where]
-        data = _Data(ids, pick(d.key), pick(d.res), pick(d.dur), pick(d.rdy), pick(d.st), pick(d.en), seq)
+        pen = None
+        if d.pen is not None:
+            pen = [0.0] * (MAX_PARTS * len(live))
+            for n, i in enumerate(live):
+                if type(d.res[i]) is tuple:
+                    pen[n * MAX_PARTS:(n + 1) * MAX_PARTS] = d.pen[i * MAX_PARTS:(i + 1) * MAX_PARTS]
+        data = _Data(ids, pick(d.key), pick(d.res), pick(d.dur), pick(d.rdy), pick(d.st), pick(d.en), seq, pen=pen)
         return Timeline._of(data, self.makespan)

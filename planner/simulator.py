@@ -12,6 +12,15 @@ before a ends.  The timeline is the fixed point of
   breaks ties — so ``start(t) = max(ready(t), end(previous task on t's resource))``;
 * ``end(t) = start(t) + duration(t)``  (assumptions A1–A4 of sec. 5).
 
+A task may instead have *parts* — several resources, a duration on each (a transfer occupies
+every link of its route): each part runs as a task of its own with the task's ready time and
+key would, on its resource in that FIFO order; the task starts with its first part to start
+and ends with its last part to end.  That is exactly k single-resource tasks keyed
+``key + (h,)`` with the task's inputs and outputs (ready together, adjacent in ``(ready, key)``
+order, so each resource sees them where it would see the parts), in one task instead of k:
+every argument below holds part by part, and a change that re-routes 10^4 transfers over
+8-link routes edits 10^4 tasks, not 8 * 10^4.
+
 **Algorithm 1 computes exactly this.**  Tasks enter a heap ordered by ``(ready, key)`` once all
 their predecessors have run.  A task pushed while `t` is processed has ``ready >= end(t) =
 start(t) + duration(t) > start(t) >= ready(t)``: strictly later than `t`.  So the sequence of
@@ -107,7 +116,7 @@ from ._batches import Batch, undoes
 from . import _delta
 from ._delta import delta_pass
 from ._replay import check_resolution, compact_edges, compaction_due, compiled, resume_pass, row, timed_pass
-from ._taskstore import TaskGraph, TaskInfo
+from ._taskstore import MAX_PARTS, TaskGraph, TaskInfo
 from .errors import SimulationError
 from ._timeline import Timeline, _Data
 
@@ -134,8 +143,8 @@ _CHECKPOINT_MIN = 256
 def simulate(graph: TaskGraph) -> Timeline:
     """Algorithm 1: time `graph` from scratch.  The timeline is a snapshot (later edits of the
     graph do not affect it)."""
-    rdy, st, en, _, seq, last, _, _ = timed_pass(graph)
-    data = _Data(dict(graph._id), list(graph._key), list(graph._res), list(graph._dur), rdy, st, en, seq)
+    rdy, st, en, _, seq, last, _, _, pen = timed_pass(graph)
+    data = _Data(dict(graph._id), list(graph._key), list(graph._res), list(graph._dur), rdy, st, en, seq, pen=pen)
     return Timeline._of(data, max(last, default=0.0))
 
 
@@ -196,6 +205,7 @@ class DeltaSimulator:
         self._sm = array("q")
         self._broken = False             # a failed delta pass left partial times behind
         self._rdy = array("d")
+        self._pen = array("d")           # part ends: MAX_PARTS slots per id (`_replay.timed_pass`)
         self.stats: dict = {}
         self._full()
         self._settle()
@@ -501,10 +511,10 @@ class DeltaSimulator:
         any(map(mod.__setitem__, self._seeds, repeat(1)))
         any(map(mod.__setitem__, self._new, repeat(2)))
         any(map(mod.__setitem__, self._removed, repeat(3)))
-        rdy, st, en, bind = self._rdy[:], self._st[:], self._en[:], self._bind[:]
+        rdy, st, en, bind, pen = self._rdy[:], self._st[:], self._en[:], self._bind[:], self._pen[:]
         old = self._seq
         out = resume_pass(g, self._every, old, self._sim, mod, rdy, st, en, bind, self._rdy, self._en,
-                          self._final, _delta.QUIET)
+                          self._final, _delta.QUIET, pen, self._pen)
         if out is None:
             self._full("edits the simulator was not told of")
             return
@@ -529,7 +539,7 @@ class DeltaSimulator:
         shift = len(seq) - len(old)
         self._ck_pos = pos[:lo] + mid_pos + [p + shift for p in pos[hi:]]
         self._ck_vec = vecs[:lo] + mid_vec + later
-        self._rdy, self._st, self._en, self._bind, self._seq = rdy, st, en, bind, seq
+        self._rdy, self._st, self._en, self._bind, self._seq, self._pen = rdy, st, en, bind, seq, pen
         self._sim = bytearray(g._a_alive)
         self._final = final
         self._makespan = max(final, default=0.0)
@@ -572,12 +582,12 @@ class DeltaSimulator:
         return (self._prev is not None and len(self._new) == self._grave_hits
                 and (len(g), g._nedges) == self._prev[2])
 
-    _FIELDS = ("_rdy", "_st", "_en", "_bind", "_sim", "_seq", "_ck_pos", "_ck_vec", "_final",
+    _FIELDS = ("_rdy", "_st", "_en", "_bind", "_sim", "_seq", "_pen", "_ck_pos", "_ck_vec", "_final",
                "_makespan", "_every")
 
     def _state(self, copy: bool = False) -> tuple:
         vals = tuple(getattr(self, f) for f in self._FIELDS)
-        return tuple(v[:] for v in vals[:6]) + vals[6:] if copy else vals
+        return tuple(v[:] for v in vals[:7]) + vals[7:] if copy else vals
 
     def _restore(self, state: tuple) -> None:
         for f, v in zip(self._FIELDS, state):
@@ -597,14 +607,15 @@ class DeltaSimulator:
         g = self._g
         if g._version != self._done:
             self.resimulate()
-        data = _Data(g._id, g._key, g._res, g._dur, self._rdy, self._st, self._en, self._seq, owner=g)
+        data = _Data(g._id, g._key, g._res, g._dur, self._rdy, self._st, self._en, self._seq, owner=g,
+                     pen=self._pen)
         return Timeline._of(data, self._makespan)
 
     def _full(self, reason: str = "first simulation") -> None:
         g = self._g
         nres = len(g._rlist)
         self._every = max(_CHECKPOINT_MIN, 4 * nres)
-        rdy, st, en, bind, seq, last, self._ck_pos, self._ck_vec = timed_pass(g, self._every, compact=False)
+        rdy, st, en, bind, seq, last, self._ck_pos, self._ck_vec, self._pen = timed_pass(g, self._every, compact=False)
         self._rdy, self._st, self._en, self._bind, self._seq = rdy, st, en, bind, seq
         self._sim = bytearray(g._a_alive)  # simulated: the tasks alive now
         self._final = last
@@ -646,6 +657,7 @@ class DeltaSimulator:
             self._en.frombytes(z)
             self._bind.extend(repeat(-1, n))
             self._sim.extend(bytes(n))
+            self._pen.frombytes(z * MAX_PARTS)
         n = len(self._g._key) - len(self._sm)
         if n > 0:
             self._sm.frombytes(bytes(8 * n))

@@ -1,8 +1,10 @@
 """How many tasks a strategy's task graph has, or a change adds, without building anything.
 
 Two tasks (forward and backward) per op task, and two per route hop of every piece of a tensor
-that crosses devices (the forward transfer and the gradient back), as `planner.taskgraph` builds
-them; ring all-reduces (linear in the replicas) are left out.  The search uses it to skip work
+that crosses devices (the forward transfer and the gradient back, each a task with a part per
+link of its route), as `planner.taskgraph` builds them — counted in placements
+(`TaskGraph.placements`: a task once per resource it occupies); ring all-reduces (linear in the
+replicas) are left out.  The search uses it to skip work
 whose build alone would eat its time budget: a random start at 64 GPUs (millions of tasks) or a
 proposal that splits every step of an LSTM layer 32 ways (10^5 transfers on a 25k-task graph).
 """

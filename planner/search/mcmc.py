@@ -246,7 +246,8 @@ def run_chain(builder: TaskGraphBuilder, start: Strategy, *, budget_s: float, rn
     if memory is None or memory.strategy.configs != start.configs:
         memory = MemoryTracker(builder, start)
     cap = min(memory.capacity)
-    max_new_tasks = max_change_ratio * max(len(session.sim), 10_000) if max_change_ratio else math.inf
+    max_new_tasks = (max_change_ratio * max(session.sim.graph.placements(), 10_000)
+                     if max_change_ratio else math.inf)
     ops = builder.graph.ops
     layers = layers_of(builder.graph) if layer_move_prob > 0 else {}
     segments = segments_of(builder.graph) if segment_move_prob > 0 else {}
