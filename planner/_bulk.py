@@ -22,11 +22,11 @@ from operator import eq as _eq
 from operator import not_ as _not
 from operator import index as _as_index
 
-from ._taskstore import _PADS, KEY_FIELDS, KEY_PAD, MAX_PARTS, TaskGraph, _check_duration, _is_int, _parts
+from ._taskstore import _PADS, KEY_FIELDS, KEY_PAD, MAX_PARTS, TaskGraph, _check_duration, _is_int
 from .errors import SimulationError, TaskGraphCycleError
 
 _INF = math.inf
-_TUPLE, _INT, _SIX = {tuple}, {int}, {6}
+_TUPLE, _INT, _FLOAT, _SIX = {tuple}, {int}, {float}, {6}
 _POSITIVE = (0.0).__lt__   # also false for NaN
 _FINITE = _INF.__gt__
 _QMAX = (1 << 63) - 1      # the largest key field the flat key array holds
@@ -122,9 +122,20 @@ def _add_tasks_checked(g: TaskGraph, tasks: list, ats, out: list) -> bool:
         rtypes = set(map(type, R))
         multi = tuple in rtypes
         if multi:
-            # Tasks with parts (`_taskstore._parts`): checked one by one; the others by column.
+            # Tasks with parts (`_taskstore._parts`), checked by column too: anything unusual
+            # (a non-float duration, an int subclass) goes to the loop, which `_add` checks.
             P = [p for p in range(m) if type(R[p]) is tuple or type(D[p]) is tuple]
-            parts = [_parts(K[p], R[p], D[p]) for p in P]
+            RT = list(map(R.__getitem__, P))
+            DT = list(map(D.__getitem__, P))
+            plens = list(map(len, RT))
+            if (set(map(type, RT)) != _TUPLE or set(map(type, DT)) != _TUPLE
+                    or plens != list(map(len, DT)) or min(plens) < 2 or max(plens) > MAX_PARTS
+                    or set(map(type, chain.from_iterable(RT))) != _INT
+                    or list(map(len, map(frozenset, RT))) != plens
+                    or set(map(type, chain.from_iterable(DT))) != _FLOAT
+                    or not all(map(_POSITIVE, chain.from_iterable(DT)))
+                    or not all(map(_FINITE, chain.from_iterable(DT)))):
+                return False
             single = [p for p in range(m) if type(R[p]) is not tuple]
             rtypes = set(type(R[p]) for p in single)
             durs = list(D)
@@ -167,12 +178,17 @@ def _add_tasks_checked(g: TaskGraph, tasks: list, ats, out: list) -> bool:
             new = [p for p in range(m) if I[p] >= n]
     rindex, rlist = g._rindex, g._rlist
     if multi:
-        dense = g._dense
-        X = [tuple(map(dense, R[p])) if type(R[p]) is tuple else dense(R[p]) for p in range(m)]
+        for r in dict.fromkeys(chain.from_iterable(r if type(r) is tuple else (r,) for r in R)):
+            if r not in rindex:  # in order of first use, as `_add` numbers them
+                rindex[r] = len(rlist)
+                rlist.append(r)
+        routes: dict = {}
+        X = [rindex[r] if type(r) is int else routes.get(r) or routes.setdefault(r, tuple(map(rindex.__getitem__, r)))
+             for r in R]
         AX, AD = X[:], durs[:]
-        for p, (rs, ds) in zip(P, parts):
+        for p, ds in zip(P, DT):
             AX[p], AD[p] = -1, max(ds)
-        d = min(min(sdurs, default=_INF), min(min(ds) for _, ds in parts))
+        d = min(min(sdurs, default=_INF), min(map(min, DT)))
         g._multipart = True
     else:
         for r in dict.fromkeys(R):
@@ -217,21 +233,40 @@ def _add_tasks_checked(g: TaskGraph, tasks: list, ats, out: list) -> bool:
         g._pred.extend([set() for _ in range(k)])
         g._succ.extend([set() for _ in range(k)])
         g._grow_parts(k)
-    if multi:
-        set_parts = g._set_parts
-        for i, x, dd in zip(I, X, durs):
-            set_parts(i, x, dd)
-    elif old:
+    if old:
         np_ = g._a_np  # reused ids lose the parts of the task they held
         for i in (I if len(old) == m else map(I.__getitem__, old)):
             if np_[i]:
                 np_[i] = 0
+    if multi:
+        _put_parts(g, list(map(I.__getitem__, P)), list(map(X.__getitem__, P)), DT, plens)
     ids.update(zip(K, I))
     if g._journal is not None:
         g._journal.append((5, I))  # one entry per batch (`TaskGraph._rollback`)
     g._version += m
     out.extend(I)
     return True
+
+
+_PAD_Q = tuple((0,) * (MAX_PARTS - n) for n in range(MAX_PARTS + 1))
+_PAD_D = tuple((0.0,) * (MAX_PARTS - n) for n in range(MAX_PARTS + 1))
+
+
+def _put_parts(g: TaskGraph, io: list, rix: list, dur: list, lens: list) -> None:
+    """Write the part slots of ids `io` (tasks with parts: dense resource tuples `rix`, duration
+    tuples `dur` of lengths `lens`), a whole batch with numpy."""
+    import numpy as np
+    k = len(io)
+    pads = list(map(_PAD_Q.__getitem__, lens))
+    rows_q = array("q", chain.from_iterable(chain.from_iterable(zip(rix, pads))))
+    rows_d = array("d", chain.from_iterable(chain.from_iterable(zip(dur, map(_PAD_D.__getitem__, lens)))))
+    a_np = np.frombuffer(g._a_np, np.int8)
+    a_np[io] = lens
+    prix = np.frombuffer(g._a_prix, np.int64).reshape(-1, MAX_PARTS)
+    prix[io] = np.frombuffer(rows_q, np.int64).reshape(k, MAX_PARTS)
+    pdur = np.frombuffer(g._a_pdur, np.float64).reshape(-1, MAX_PARTS)
+    pdur[io] = np.frombuffer(rows_d, np.float64).reshape(k, MAX_PARTS)
+    del a_np, prix, pdur  # release the arrays' buffers: they may grow again
 
 
 def _put_keys(g: TaskGraph, io: list, rows: list) -> None:

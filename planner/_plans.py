@@ -111,6 +111,11 @@ def op_plan(b, i: int, op, cfg) -> tuple:
     return tasks, edges, tuple(keys)
 
 
+#: Route labels -> the label of each of its tasks ("first device->last device" of its links);
+#: a topology has at most one entry per device pair.
+_ROUTE_LABELS: dict = {}
+
+
 def _hop_tasks(tasks: list, base: tuple, latency: float, route: tuple, nbytes: float) -> list:
     """The link tasks of one transfer (`route` = (link resources, bandwidths, labels)); returns
     their keys.  A transfer occupies every link of its route, each for ``latency + bytes /
@@ -127,11 +132,15 @@ def _hop_tasks(tasks: list, base: tuple, latency: float, route: tuple, nbytes: f
         tasks.append((key, res[0], latency + nbytes / bws[0], "comm", nbytes, labels[0]))
         return [key]
     keys = []
+    names = _ROUTE_LABELS.get(labels)
+    if names is None:
+        names = _ROUTE_LABELS[labels] = [labels[lo].split("->")[0] + "->" + labels[min(lo + MAX_PARTS, k) - 1].split("->")[-1]
+                                         for lo in range(0, k, MAX_PARTS)]
     for c, lo in enumerate(range(0, k, MAX_PARTS)):
         hi = min(lo + MAX_PARTS, k)
         key = base + (c,)
         nb = nbytes if c == 0 else 0.0
-        label = labels[lo].split("->")[0] + "->" + labels[hi - 1].split("->")[-1]
+        label = names[c]
         if hi - lo == 1:
             tasks.append((key, res[lo], latency + nbytes / bws[lo], "comm", nb, label))
         else:
