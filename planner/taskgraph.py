@@ -20,12 +20,14 @@ Tasks
 
 Routes and links
 ----------------
-A transfer travels the route `DeviceTopology.route` gives.  It becomes one communication task on
-*every* link of the route, all starting after the producer and all finishing before the consumer
-starts.  Each link task lasts ``bytes / link bandwidth + route latency``: uncontended, the
-transfer takes as long as its slowest link (cut-through, not store-and-forward), and a transfer
-that shares any link with other traffic queues behind it in FIFO order — the contention the
-paper models by treating links as communication devices.
+A transfer travels the route `DeviceTopology.route` gives.  It occupies *every* link of the
+route, all from the producer's end on, and the consumer starts once every link is done.  On each
+link it lasts ``bytes / link bandwidth + route latency``: uncontended, the transfer takes as long
+as its slowest link (cut-through, not store-and-forward), and a transfer that shares any link
+with other traffic queues behind it in FIFO order — the contention the paper models by treating
+links as communication devices.  It is one communication task with a part per link (the paper's
+one task per transfer, sec. 5.1; `planner.simulator` on tasks with parts), keyed ``(..., 0)``;
+a route of more than `MAX_PARTS` links becomes several such tasks ``(..., c)``.
 
 Keys
 ----
@@ -214,10 +216,13 @@ class TaskGraphBuilder:
 
     def _add_op(self, tg, i: int, op: Op, cfg: ParallelConfig) -> list:
         """Add op `i`'s compute tasks under `cfg`; returns their keys."""
+        return self._add_plan(tg, self._op_plan(i, op, cfg))
+
+    def _op_plan(self, i: int, op: Op, cfg: ParallelConfig) -> tuple:
         plan = self._plans.get((i, cfg))
         if plan is None:
             plan = self._plans.put((i, cfg), op_plan(self, i, op, cfg))
-        return self._add_plan(tg, plan)
+        return plan
 
     def _hops(self, src: int, dst: int) -> tuple[float, tuple[tuple[int, float, str], ...]]:
         """(route latency, ((link resource, bandwidth, label), ...)) of a device pair, memoized."""
@@ -241,22 +246,28 @@ class TaskGraphBuilder:
 
     def _add_edge_group(self, tg, strategy: Strategy, i: int, op: Op, j: int) -> list:
         """Add the transfers (or same-device edges) of input `j` of op `i`; returns the new keys."""
+        return self._add_plan(tg, self._edge_plan(strategy, i, op, j))
+
+    def _edge_plan(self, strategy: Strategy, i: int, op: Op, j: int) -> tuple:
         ccfg, pcfg = strategy[op.name], strategy[op.inputs[j].op]
         key = (i, j, ccfg, pcfg)
         plan = self._plans.get(key)
         if plan is None:
             plan = self._plans.put(key, edge_plan(self, i, op, j, ccfg, pcfg))
-        return self._add_plan(tg, plan)
+        return plan
 
     def _add_param_group(self, tg, strategy: Strategy, param: str) -> list:
         """Ring all-reduce per sync group, then an update per device holding the parameter
         (`planner._plans.param_plan`); returns the new keys."""
+        return self._add_plan(tg, self._param_plan(strategy, param))
+
+    def _param_plan(self, strategy: Strategy, param: str) -> tuple:
         configs = tuple(strategy[u] for u in self.graph.param_users[param])
         key = (param, configs)
         plan = self._plans.get(key)
         if plan is None:
             plan = self._plans.put(key, param_plan(self, param, configs))
-        return self._add_plan(tg, plan)
+        return plan
 
     @staticmethod
     def _add_plan(tg, plan: tuple) -> list:
@@ -264,6 +275,47 @@ class TaskGraphBuilder:
         tg.add_tasks(tasks)
         tg.add_edges(edges)
         return list(keys)
+
+
+def _diff(old: tuple, new: tuple) -> tuple | None:
+    """How the group of plan `old` becomes that of plan `new` (same owner): (keys of the old
+    tasks to remove, new tasks to add, edges both plans have, edges only `old` has, edges only
+    `new` has) — a task counts as kept only if key, resource, duration, kind, bytes and label
+    are all the same.  None when the plans share no task (replace the group whole)."""
+    ot, nt = old[0], new[0]
+    oset = set(ot)
+    keep = [t for t in nt if t in oset]
+    if not keep:
+        return None
+    kset = set(keep)
+    remove = [t[0] for t in ot if t not in kset]
+    add = [t for t in nt if t not in kset]
+    oe, ne = set(old[1]), new[1]
+    both = [e for e in ne if e in oe]
+    nset = set(ne)
+    only_old = [e for e in old[1] if e not in nset]
+    only_new = [e for e in ne if e not in oe]
+    return remove, add, both, only_old, only_new
+
+
+def _removed_keys(owned: dict, new_plans: dict, diffs: dict) -> set:
+    """Keys of the tasks a change removes: every old task of a group replaced whole, the
+    dropped ones of a group changed by its difference."""
+    gone = set()
+    for owner, plan in new_plans.items():
+        d = diffs.get(owner)
+        if d is not None:
+            gone.update(d[0])
+        else:
+            old = owned.get(owner)
+            if old is not None and old is not plan:
+                gone.update(old[2])
+    return gone
+
+
+def _stale_edges(only_old: list, gone: set) -> bool:
+    """Does an edge only the old plan has join two tasks that stay (it would survive)?"""
+    return any(a not in gone and b not in gone for a, b in only_old)
 
 
 class DeltaSession:
@@ -275,25 +327,37 @@ class DeltaSession:
     The task graph is a function of the strategy (keys never depend on the order of edits), so a
     change that brings back the strategy from before the previous change — a rejected proposal
     taken back — restores the graph from before it exactly, and the session tells the simulator
-    so instead of having it compare every edited edge."""
+    so instead of having it compare every edited edge.
+
+    The changed ops' compute groups are replaced whole; every other affected group (the
+    transfers of an edge, a parameter's synchronization) is edited by the difference between its
+    old and its new plan: tasks identical in every field stay, with their edges, and only edges
+    the new plan adds, or whose end this change removed and re-added, are added.  A parameter
+    shared by 40 unrolled steps has every step's backward tasks feeding its ring on each
+    device; changing one step's configuration used to rebuild all of that, now it touches that
+    step's edges.  A group whose new plan drops an edge between two tasks that both stay is
+    replaced whole instead (edge removals are the slow edit)."""
 
     def __init__(self, builder: TaskGraphBuilder, strategy: Strategy):
         self.builder = builder
         strategy.validate(builder.graph, builder.num_devices)
         self.strategy = strategy
         self._before: tuple | None = None  # configs before the last change
-        self._replaced: dict[tuple, list] = {}  # the task keys that change replaced, per owner
-        self._owned: dict[tuple, list] = {}
+        self._replaced: dict[tuple, tuple] = {}  # the plans that change replaced, per owner
+        self._owned: dict[tuple, tuple] = {}     # owner -> the plan its tasks and edges came from
         self.sim = DeltaSimulator(TaskGraph(), track=False)
         g = builder.graph
         with gc_paused():
             for i, op in enumerate(g.ops):
-                self._owned[("op", i)] = builder._add_op(self.sim, i, op, strategy[op.name])
+                self._owned[("op", i)] = plan = builder._op_plan(i, op, strategy[op.name])
+                builder._add_plan(self.sim, plan)
             for i, op in enumerate(g.ops):
                 for j in range(len(op.inputs)):
-                    self._owned[("edge", i, j)] = builder._add_edge_group(self.sim, strategy, i, op, j)
+                    self._owned[("edge", i, j)] = plan = builder._edge_plan(strategy, i, op, j)
+                    builder._add_plan(self.sim, plan)
             for p in g.param_specs:
-                self._owned[("param", p)] = builder._add_param_group(self.sim, strategy, p)
+                self._owned[("param", p)] = plan = builder._param_plan(strategy, p)
+                builder._add_plan(self.sim, plan)
             self.sim.resimulate()
             refreeze()  # in a search (`_bulk.frozen_heap`), the collector leaves this graph alone
 
@@ -350,19 +414,51 @@ class DeltaSession:
             self._before, self._replaced = None, {}
             self.strategy = strategy
             return sim.makespan
+        # Every affected group's new plan; an op group is replaced whole, the other groups by
+        # their difference from the old plan (`_diff`).
+        owned = self._owned
+        new_plans = {("op", i): b._op_plan(i, g.ops[i], strategy.configs[i]) for i in ops}
+        for owner in edges:
+            ci, j = owner[1], owner[2]
+            new_plans[owner] = b._edge_plan(strategy, ci, g.ops[ci], j)
+        for p in params:
+            new_plans[("param", p)] = b._param_plan(strategy, p)
+        diffs = {}
+        for owner, plan in new_plans.items():
+            old = owned.get(owner)
+            if owner[0] != "op" and old is not None and old is not plan:
+                d = _diff(old, plan)
+                if d is not None:
+                    diffs[owner] = d
+        gone = _removed_keys(owned, new_plans, diffs)  # keys of every task this change removes
+        if diffs and any(_stale_edges(d[3], gone) for d in diffs.values()):
+            # An edge the new plan drops between tasks that both stay: replace those groups whole.
+            # (Replacing more only removes more, so the other groups stay free of stale edges.)
+            diffs = {o: d for o, d in diffs.items() if not _stale_edges(d[3], gone)}
+            gone = _removed_keys(owned, new_plans, diffs)
         replaced = {}
-        for owner in [("op", i) for i in ops] + list(edges) + [("param", p) for p in params]:
-            sim.remove_tasks(replaced.setdefault(owner, self._owned.pop(owner, ())))
+        for owner, plan in new_plans.items():
+            old = replaced[owner] = owned.get(owner)
+            d = diffs.get(owner)
+            if d is not None:
+                sim.remove_tasks(d[0])
+            elif old is not None and old is not plan:
+                sim.remove_tasks(old[2])
         self._replaced = replaced
         self._before = self.strategy.configs
         self.strategy = strategy
-        for i in ops:
-            self._owned[("op", i)] = b._add_op(sim, i, g.ops[i], strategy.configs[i])
-        for owner in edges:
-            ci, j = owner[1], owner[2]
-            self._owned[owner] = b._add_edge_group(sim, strategy, ci, g.ops[ci], j)
-        for p in params:
-            self._owned[("param", p)] = b._add_param_group(sim, strategy, p)
+        for owner, plan in new_plans.items():
+            old = replaced[owner]
+            owned[owner] = plan
+            d = diffs.get(owner)
+            if d is not None:
+                sim.add_tasks(d[1])
+                # Edges only the new plan has, and kept ones that lost an end this change re-added.
+                sim.add_edges(d[4] + [e for e in d[2] if e[0] in gone or e[1] in gone])
+            elif old is not plan:
+                b._add_plan(sim, plan)
+            elif gone:  # the same plan: only edges to or from tasks re-added are missing
+                sim.add_edges([e for e in plan[1] if e[0] in gone or e[1] in gone])
         sim.resimulate(restores=restores)
         return sim.makespan
 
