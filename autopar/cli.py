@@ -92,7 +92,8 @@ def _build_parser() -> argparse.ArgumentParser:
                         "shifted to another block)")
     b.add_argument("--all-changes", action="store_true",
                    help="simulator: also measure changes MCMC rejects unbuilt (an edit that would build more "
-                        "than twice the tasks of the graph it starts from); by default they are redrawn")
+                        "than twice the link placements of the graph it starts from: tasks counted once per "
+                        "link they occupy); by default they are redrawn")
     b.set_defaults(func=_cmd_bench)
 
     m = sub.add_parser("models", help="list the zoo models and their options")
