@@ -215,6 +215,18 @@ def _place(t: int, r: float, count: int, every: int, ck, last, rix, dur, rdy, st
 
 
 @njit(cache=True, inline="always")
+def _ended(last, x: int, npt, rix, prix, en, pen) -> None:
+    """Task `x` ran: its resource — each part's, for a task with parts — last ended with it
+    (ends `en`, part ends `pen`)."""
+    k = npt[x]
+    if k == 0:
+        last[rix[x]] = en[x]
+    else:
+        for h in range(k):
+            last[prix[x, h]] = pen[x, h]
+
+
+@njit(cache=True, inline="always")
 def _release(t: int, e: float, off, adj, cnt, rdy, bind, hr, hi, n: int) -> int:
     """Task `t` ended at `e`: each successor is ready no earlier, and one whose last input this
     was joins the heap bound to `t`.  Returns the heap's new size."""
@@ -295,12 +307,7 @@ def _run_rejoin(hr, hi, n: int, off, adj, cnt, dur, rix, keys, rdy, st, en, bind
             while i < L and ordy[oseq[i]] < Pr:
                 x = oseq[i]
                 i += 1
-                k = npt[x]
-                if k == 0:
-                    olast[rix[x]] = oen[x]
-                else:
-                    for h in range(k):
-                        olast[prix[x, h]] = open_[x, h]
+                _ended(olast, x, npt, rix, prix, oen, open_)
                 if mod[x] == 3:
                     gone -= 1
                 else:
@@ -467,12 +474,7 @@ def resume_pass_arrays(alive, gen, dur, rix, nres: int, keys, rec, ealive, every
     for k in range(cut):
         x = oseq[k]
         done[x] = True
-        np_ = npt[x]
-        if np_ == 0:
-            last[rix[x]] = en[x]
-        else:
-            for h in range(np_):
-                last[prix[x, h]] = pen[x, h]
+        _ended(last, x, npt, rix, prix, en, pen)
     live = 0
     for x in range(cap):
         if alive[x] != 0:

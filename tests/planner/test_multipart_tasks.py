@@ -20,12 +20,13 @@ from collections import defaultdict
 
 import pytest
 
-import autopar.planner._delta as delta_module
 import autopar.planner.simulator as simulator_module
 from autopar.planner import _replay
 from autopar.planner._taskstore import MAX_PARTS
 from autopar.planner.errors import SimulationError
 from autopar.planner.simulator import DeltaSimulator, TaskGraph, simulate
+
+from .test_delta_simulation import replay_always, resume_always
 
 # Few values, so equal ready times (ties) actually happen; some not binary fractions, so that
 # times round (a part's start must be its start, not its end less its duration).
@@ -73,28 +74,6 @@ def pure_python(on: bool = True):
         yield
     finally:
         _replay.PURE_PYTHON = saved
-
-
-@contextlib.contextmanager
-def replay_always(quiet: int = 1):
-    """Every batch through the Python replay (`planner._delta`), never a full pass."""
-    saved = simulator_module._REPLAY_FRACTION, delta_module.QUIET
-    simulator_module._REPLAY_FRACTION, delta_module.QUIET = math.inf, quiet
-    try:
-        yield
-    finally:
-        simulator_module._REPLAY_FRACTION, delta_module.QUIET = saved
-
-
-@contextlib.contextmanager
-def resume_always(quiet: int = 1):
-    """Every batch through the compiled pass from the cut, never the Python replay."""
-    saved = simulator_module._REPLAY_FRACTION_COMPILED, delta_module.QUIET
-    simulator_module._REPLAY_FRACTION_COMPILED, delta_module.QUIET = -1.0, quiet
-    try:
-        yield
-    finally:
-        simulator_module._REPLAY_FRACTION_COMPILED, delta_module.QUIET = saved
 
 
 POLICIES = {"default": contextlib.nullcontext, "replay": replay_always, "resume": resume_always,
