@@ -120,6 +120,24 @@ class Timeline:
         """Keys of the tasks on `resource` in the order they run (empty for an unused resource)."""
         return list(self._data.by_res().get(resource, ()))
 
+    def spans(self, resource: int) -> list[tuple[tuple, float, float]]:
+        """(key, start, end) of every task on `resource` — of its part there, for a task with
+        parts — in the order they ran."""
+        d = self._data
+        out = []
+        last = 0.0
+        for key in self.order(resource):
+            i = d.ids[key]
+            r = d.res[i]
+            if type(r) is tuple:
+                e = d.pen[i * MAX_PARTS + r.index(resource)]
+                s = d.rdy[i] if last < d.rdy[i] else last  # FIFO: ready, or when the last one ended
+            else:
+                s, e = d.st[i], d.en[i]
+            out.append((key, s, e))
+            last = e
+        return out
+
     def resources(self) -> list[int]:
         """Resources with at least one task."""
         return sorted(self._data.by_res())

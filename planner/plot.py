@@ -199,10 +199,10 @@ def _draw_timeline(ax, topology, timeline, task_graph, res_rows) -> None:
     scale = 1e3  # ms
     for y, r in enumerate(res_rows):
         bars: dict[str, list[tuple[float, float]]] = {}
-        for key in timeline.order(r):
+        for key, s, e in timeline.spans(r):
             info = task_graph.task(key)
             kind = "sync" if info.kind == "comm" and key[0] == 2 else info.kind
-            bars.setdefault(kind, []).append((timeline.start[key] * scale, (timeline.end[key] - timeline.start[key]) * scale))
+            bars.setdefault(kind, []).append((s * scale, (e - s) * scale))
         for kind, spans in bars.items():
             ax.broken_barh(spans, (len(res_rows) - 1 - y + 0.1, 0.8), facecolors=_KIND_COLORS.get(kind, "#999999"),
                            linewidth=0)

@@ -777,3 +777,21 @@ def test_busy_order_and_parts_count_every_part_on_its_resource():
     assert tl.order(0) == [(0,)] and tl.order(1) == [(2,), (3,)] and tl.order(2) == [(2,)]
     assert tl.busy() == {0: 1.0, 1: 2.25, 2: 1.0}
     assert times(tl, (3,)) == (0.0, 0.25, 2.25)
+
+
+def test_spans_give_each_part_its_own_times_on_its_resource():
+    # Two transfers share link 10; the second queues there behind the first while its part on
+    # link 12 runs at once.  spans(r) lists each task's part on r with that part's times.
+    g = TaskGraph()
+    g.add_task((0,), 0, 1.0)
+    g.add_task((1, 0), (10, 11), (2.0, 0.5), "comm")
+    g.add_task((2, 0), (10, 12), (1.0, 3.0), "comm")
+    g.add_edge((0,), (1, 0))
+    g.add_edge((0,), (2, 0))
+    tl = simulate(g)
+    assert tl.spans(10) == [((1, 0), 1.0, 3.0), ((2, 0), 3.0, 4.0)]
+    assert tl.spans(12) == [((2, 0), 1.0, 4.0)]
+    assert tl.spans(11) == [((1, 0), 1.0, 1.5)]
+    for r in (10, 11, 12):
+        for key, s, e in tl.spans(r):
+            assert (r, s, e) in tl.parts(key)
