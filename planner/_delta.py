@@ -278,10 +278,7 @@ def delta_pass(g: TaskGraph, S, seeds, new, removed, limit: float = INF,
         # Tasks from the stop on keep their old times (some were waiting or queued).
         tail = seq[i:]
         any(map(en.__setitem__, tail, map(oen.__getitem__, tail)))
-        for x in tail:
-            old = opn.get(x)
-            if old is not None:
-                pen[x * MAX_PARTS:(x + 1) * MAX_PARTS] = old
+        # (Their part ends were never rewritten: every task the replay re-timed lies before the stop.)
     else:
         i = L  # the whole old suffix is replaced
         if cut + len(order) != len(g._id):

@@ -543,8 +543,6 @@ def resume_pass_arrays(alive, gen, dur, rix, nres: int, keys, rec, ealive, every
             tail[x] = True
             rdy[x] = ordy[x]
             en[x] = oen[x]
-            for h in range(npt[x]):
-                pen[x, h] = open_[x, h]
             bind[x] = -1
             seq[count] = x
             count += 1
