@@ -164,29 +164,8 @@ class Timeline:
         r = d.res[i]
         if type(r) is not tuple:
             return [(r, d.st[i], d.en[i])]
-        b = i * MAX_PARTS
-        # The simulator keeps part ends only: a part starts when it is ready or when the task
-        # before it on its resource ended (end less duration would round).
-        out = []
-        for h, rh in enumerate(r):
-            s = d.rdy[i]
-            order = d.by_res()[rh]
-            n = order.index(key)
-            if n:
-                e = self._end_on(order[n - 1], rh)
-                if e > s:
-                    s = e
-            out.append((rh, s, d.pen[b + h]))
-        return out
-
-    def _end_on(self, key, resource: int) -> float:
-        """When task `key` (or its part) on `resource` ended."""
-        d = self._data
-        i = d.ids[key]
-        r = d.res[i]
-        if type(r) is not tuple:
-            return d.en[i]
-        return d.pen[i * MAX_PARTS + r.index(resource)]
+        # The simulator keeps part ends only: a part starts where `spans` puts it on its resource.
+        return [next((rh, s, e) for k, s, e in self.spans(rh) if k == key) for rh in r]
 
     def same_as(self, other: "Timeline", tol: float = 0.0) -> bool:
         """Same tasks and, within `tol` seconds (exactly by default), the same times."""

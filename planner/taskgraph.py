@@ -308,7 +308,7 @@ def _removed_keys(owned: dict, new_plans: dict, diffs: dict) -> set:
             gone.update(d[0])
         else:
             old = owned.get(owner)
-            if old is not None and old is not plan:
+            if old is not None:
                 gone.update(old[2])
     return gone
 
@@ -426,7 +426,7 @@ class DeltaSession:
         diffs = {}
         for owner, plan in new_plans.items():
             old = owned.get(owner)
-            if owner[0] != "op" and old is not None and old is not plan:
+            if owner[0] != "op" and old is not None:
                 d = _diff(old, plan)
                 if d is not None:
                     diffs[owner] = d
@@ -442,23 +442,20 @@ class DeltaSession:
             d = diffs.get(owner)
             if d is not None:
                 sim.remove_tasks(d[0])
-            elif old is not None and old is not plan:
+            elif old is not None:
                 sim.remove_tasks(old[2])
         self._replaced = replaced
         self._before = self.strategy.configs
         self.strategy = strategy
         for owner, plan in new_plans.items():
-            old = replaced[owner]
             owned[owner] = plan
             d = diffs.get(owner)
             if d is not None:
                 sim.add_tasks(d[1])
                 # Edges only the new plan has, and kept ones that lost an end this change re-added.
                 sim.add_edges(d[4] + [e for e in d[2] if e[0] in gone or e[1] in gone])
-            elif old is not plan:
+            else:
                 b._add_plan(sim, plan)
-            elif gone:  # the same plan: only edges to or from tasks re-added are missing
-                sim.add_edges([e for e in plan[1] if e[0] in gone or e[1] in gone])
         sim.resimulate(restores=restores)
         return sim.makespan
 
