@@ -6,19 +6,20 @@ configurations), the synchronization and updates of one parameter (by its users'
 configurations).  A group's tasks and edges are a pure function of those configurations — keys
 come from op and task indices, durations from the cost model's memoized estimates and the fixed
 topology — so the builder computes each group once as a *plan*: the tasks as ``(key, resource,
-duration, kind, nbytes, label)`` tuples and the edges as key pairs, in the order the group adds
-them.  A plan is added with one `add_tasks` and one `add_edges` call (`planner._bulk`), and kept:
+duration, kind, nbytes, label)`` tuples, the edges as key pairs and the keys:
+``(tasks, edges, keys)``, and for a parameter a fourth item, the parts it is made of
+(`param_plan`).  A plan is added with one `add_tasks` and one `add_edges` call (`planner._bulk`), and kept:
 a full simulation of a strategy that differs from earlier ones in a few ops (what a search
 produces) rebuilds every other group from its plan, and a search that proposes a configuration
 again finds its groups ready.  The memo is bounded by the tasks and edges it holds.
 
-Within a group, tasks are added before edges; the order of tasks (hence their ids) and the order
-of edges are those of adding them one call at a time, interleaved, as the builder once did.
+Within a group, tasks are added before edges; the order of tasks decides their ids, which no
+timing depends on (ties are broken by key).
 """
 
 from __future__ import annotations
 
-from itertools import chain, repeat
+from itertools import chain, count, repeat
 
 from ._taskstore import MAX_PARTS
 from .regions import Box, cells, volume
@@ -218,8 +219,39 @@ def edge_plan(b, i: int, op, j: int, ccfg, pcfg) -> tuple:
 
 
 def param_plan(b, param: str, configs: tuple) -> tuple:
-    """(tasks, edges, keys) of parameter `param`'s synchronization and updates, its users
-    configured by `configs` (in the order of `graph.param_users`).
+    """(tasks, edges, keys, (core, feeds)) of parameter `param`'s synchronization and updates,
+    its users configured by `configs` (in the order of `graph.param_users`).
+
+    The plan has two parts.  Its *core* — the sync groups' barriers and rings and the updates,
+    with their edges (`param_core`) — depends only on which cells of the parameter each device
+    holds, the union over all users.  Each user's *feed* — an edge from each of its backward
+    tasks to the ring start of every sync group its device is in, or to the device's update if
+    it is in none — depends on that user's configuration and the core.  Both are memoized
+    (`TaskGraphBuilder._param_core`, `_param_feed`), so two plans of one parameter whose users
+    differ in one configuration share the core and every other user's feed as the same objects:
+    `_diff` in `planner.taskgraph` compares them by identity.  A parameter shared by the 40
+    unrolled steps of an LSTM has 40 feeds; a proposal that changes one step's configuration
+    touches one of them.
+    """
+    g = b.graph
+    users = g.param_users[param]
+    core = b._param_core(param, b._holdings(users, configs, param))
+    feed = b._param_feed
+    feeds = tuple([feed(param, k, u, cfg, core) for k, (u, cfg) in enumerate(zip(users, configs))])
+    edges = list(core[1])
+    for f in feeds:
+        edges += f
+    return core[0], edges, core[2], (core, feeds)
+
+
+#: Serial numbers of parameter cores: a feed memoized for one core is never taken for another.
+_CORE_SERIAL = count()
+
+
+def param_core(b, param: str, holdings: dict) -> tuple:
+    """(tasks, edges, keys, targets, serial): the synchronization and updates of parameter
+    `param` when device d holds the boxes ``holdings[d]``; ``targets[d]`` are the tasks a
+    backward task on device d feeds (`param_plan`).
 
     A group's ring starts when every replica's gradient is complete and every device's update
     waits for the whole ring: two barrier tasks (1 ns each, on a virtual resource of their own so
@@ -228,21 +260,10 @@ def param_plan(b, param: str, configs: tuple) -> tuple:
     """
     g = b.graph
     pi = b._param_index[param]
-    users = g.param_users[param]
-    n = b.num_ops
-    bwd_by_dev: dict[int, list] = {}
-    for u, cfg in zip(users, configs):
-        back = n - g.index[u]
-        for t, dev in enumerate(cfg.devices):
-            ws = bwd_by_dev.get(dev)
-            if ws is None:
-                bwd_by_dev[dev] = [(1, back, 0, t)]
-            else:
-                ws.append((1, back, 0, t))
-    holdings = b._holdings(users, configs, param)
     spec = g.param_specs[param]
     itemsize = spec.nbytes // max(1, _prod(spec.shape))
     done_on: dict[int, list] = {}
+    targets: dict[int, list] = {}
     tasks, edges, keys = [], [], []
     for gi, (devs, nbytes) in enumerate(_sync_groups(holdings, spec)):
         r = len(devs)
@@ -253,7 +274,7 @@ def param_plan(b, param: str, configs: tuple) -> tuple:
         tasks.append((end, vres + 1, _MIN_TASK_SECONDS, "barrier", 0.0, param))
         keys += (start, end)
         for d in devs:
-            edges += [(w, start) for w in bwd_by_dev.get(d, ())]
+            targets.setdefault(d, []).append(start)
             done_on.setdefault(d, []).append(end)
         mult = 2 * (r - 1)
         for e in range(r):
@@ -269,9 +290,20 @@ def param_plan(b, param: str, configs: tuple) -> tuple:
         k = (3, pi, dev)
         tasks.append((k, dev, max(update_time(held, devices[dev], b.optimizer), _MIN_TASK_SECONDS),
                       "update", 0.0, param))
-        edges += [(w, k) for w in done_on.get(dev) or bwd_by_dev.get(dev, ())]
+        ends = done_on.get(dev)
+        if ends:
+            edges += [(e, k) for e in ends]
+        else:
+            targets[dev] = [k]  # held by no other device: the backward tasks feed the update
         keys.append(k)
-    return tasks, edges, tuple(keys)
+    return tasks, edges, tuple(keys), {d: tuple(t) for d, t in targets.items()}, next(_CORE_SERIAL)
+
+
+def param_feed(b, i: int, cfg, core: tuple) -> list:
+    """The edges from op `i`'s backward tasks under `cfg` into a parameter's `core`."""
+    back = b.num_ops - i
+    targets = core[3]
+    return [((1, back, 0, t), k) for t, dev in enumerate(cfg.devices) for k in targets[dev]]
 
 
 def _prod(xs) -> int:

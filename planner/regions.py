@@ -46,6 +46,15 @@ def contains(outer: Box, inner: Box) -> bool:
     return all(olo <= ilo and ihi <= ohi for (olo, ohi), (ilo, ihi) in zip(outer, inner))
 
 
+def maximal(boxes) -> list[Box]:
+    """The distinct boxes of `boxes` that no other one contains: the same union, hence the same
+    cells and holders (`cells`), with fewer boxes."""
+    boxes = list(dict.fromkeys(boxes))
+    if len(boxes) < 2:
+        return boxes
+    return [b for b in boxes if not any(o != b and contains(o, b) for o in boxes)]
+
+
 def split_range(size: int, degree: int, index: int) -> Range:
     """The `index`-th of `degree` equal parts of ``range(size)``; `degree` must divide `size`."""
     if degree <= 0 or size % degree:

@@ -47,10 +47,10 @@ from itertools import product
 from .cost import CostModel
 from .errors import StrategyError
 from .graph import Op, OperatorGraph
-from .regions import Box, intersect, volume
+from .regions import Box, intersect, maximal, volume
 from ._plans import (_LAST, _MIN_TASK_SECONDS, _MIN_TRANSFER_BYTES, _VIRTUAL_RESOURCE_BASE,  # noqa: F401
                      PlanMemo, _prod, _sync_groups, _union_volume, bwd_key, edge_plan, fwd_key,
-                     op_plan, param_plan)
+                     op_plan, param_core, param_feed, param_plan)
 from ._bulk import gc_paused, refreeze
 from .simulator import DeltaSimulator, TaskGraph, Timeline, simulate
 from .strategy import ParallelConfig, Strategy, check_config
@@ -101,6 +101,7 @@ class TaskGraphBuilder:
         self._route_cache: dict[tuple[int, int], tuple[float, tuple]] = {}
         self._route_columns: dict[tuple[int, int], tuple] = {}
         self._param_box_cache: dict = {}
+        self._box_lists: dict = {}  # interned tuples of parameter boxes (`_holdings`)
         # Whole task groups per configuration (`planner._plans`).
         self._plans = PlanMemo()
 
@@ -173,26 +174,36 @@ class TaskGraphBuilder:
 
     # -- parameter holdings ------------------------------------------------------------------
     def holdings(self, strategy: Strategy, param: str) -> dict[int, list[Box]]:
-        """device -> the boxes of parameter `param` (its view) that tasks on it read."""
+        """device -> the boxes of parameter `param` (its view) that tasks on it read, less those
+        another box read there contains (they change no cell it holds)."""
         users = self.graph.param_users[param]
         return self._holdings(users, [strategy[u] for u in users], param)
 
     def _holdings(self, users, configs, param: str) -> dict[int, list[Box]]:
         held: dict[int, set[Box]] = {}
+        cache = self._param_box_cache
+        seen = set()
         for user, cfg in zip(users, configs):
             key = (user, param, cfg.degrees)
-            boxes = self._param_box_cache.get(key)
+            boxes = cache.get(key)
             if boxes is None:
                 op = self.graph[user]
                 j = next(k for k, p in enumerate(op.params) if p.name == param)
-                boxes = self._param_box_cache[key] = [op.param_box(j, r) for r in self._task_ranges(op, cfg.degrees)]
+                boxes = tuple(op.param_box(j, r) for r in self._task_ranges(op, cfg.degrees))
+                # Users that read equal boxes share one tuple, so equal contributions (unrolled
+                # steps under one configuration) are seen as one below.
+                boxes = cache[key] = self._box_lists.setdefault(boxes, boxes)
+            contribution = (id(boxes), cfg.devices)
+            if contribution in seen:
+                continue
+            seen.add(contribution)
             for dev, box in zip(cfg.devices, boxes):
                 hs = held.get(dev)
                 if hs is None:
                     held[dev] = {box}
                 else:
                     hs.add(box)
-        return {d: sorted(b) for d, b in held.items()}
+        return {d: sorted(bs if len(bs) == 1 else maximal(bs)) for d, bs in held.items()}
 
     def sync_groups(self, strategy: Strategy, param: str) -> list[tuple[tuple[int, ...], float]]:
         """(sorted devices, bytes) for every set of devices that hold the same parameter cells."""
@@ -269,19 +280,48 @@ class TaskGraphBuilder:
             plan = self._plans.put(key, param_plan(self, param, configs))
         return plan
 
+    def _param_core(self, param: str, holdings: dict) -> tuple:
+        """`planner._plans.param_core`, memoized per (parameter, holdings)."""
+        key = ("core", param, tuple([(d, tuple(holdings[d])) for d in sorted(holdings)]))
+        core = self._plans.get(key)
+        if core is None:
+            core = self._plans.put(key, param_core(self, param, holdings))
+        return core
+
+    def _param_feed(self, param: str, k: int, user: str, cfg: ParallelConfig, core: tuple) -> list:
+        """`planner._plans.param_feed` of the k-th user of `param`, memoized per (parameter,
+        user, configuration, core)."""
+        key = ("feed", param, k, cfg, core[4])
+        feed = self._plans.get(key)
+        if feed is None:
+            feed = self._plans.put(key, ((), param_feed(self, self.graph.index[user], cfg, core)))[1]
+        else:
+            feed = feed[1]
+        return feed
+
     @staticmethod
     def _add_plan(tg, plan: tuple) -> list:
-        tasks, edges, keys = plan
-        tg.add_tasks(tasks)
-        tg.add_edges(edges)
-        return list(keys)
+        tg.add_tasks(plan[0])
+        tg.add_edges(plan[1])
+        return list(plan[2])
 
 
 def _diff(old: tuple, new: tuple) -> tuple | None:
     """How the group of plan `old` becomes that of plan `new` (same owner): (keys of the old
-    tasks to remove, new tasks to add, edges both plans have, edges only `old` has, edges only
-    `new` has) — a task counts as kept only if key, resource, duration, kind, bytes and label
-    are all the same.  None when the plans share no task (replace the group whole)."""
+    tasks to remove, new tasks to add, edges both plans have that may lose an end to this
+    change, edges only `old` has, edges only `new` has) — a task counts as kept only if key,
+    resource, duration, kind, bytes and label are all the same.  None when the plans share no
+    task (replace the group whole).
+
+    Two plans of one parameter with the same core (`planner._plans.param_plan`) differ only in
+    the feeds that are not the same objects: the core's tasks and edges stay, and so do the
+    feeds of the users whose configuration did not change — whose backward tasks, like the
+    core's tasks, this change does not touch, so none of those edges can lose an end."""
+    if len(old) > 3 and len(new) > 3:
+        (oc, of), (nc, nf) = old[3], new[3]
+        if oc is nc and len(of) == len(nf):
+            changed = [k for k in range(len(nf)) if of[k] is not nf[k]]
+            return ([], [], [], [e for k in changed for e in of[k]], [e for k in changed for e in nf[k]])
     ot, nt = old[0], new[0]
     oset = set(ot)
     keep = [t for t in nt if t in oset]
