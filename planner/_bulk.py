@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from array import array
 from itertools import chain, compress, repeat
 from operator import eq as _eq
+from operator import is_
 from operator import not_ as _not
 from operator import index as _as_index
 
@@ -29,7 +30,6 @@ _INF = math.inf
 _TUPLE, _INT, _FLOAT, _SIX = {tuple}, {int}, {float}, {6}
 _POSITIVE = (0.0).__lt__   # also false for NaN
 _FINITE = _INF.__gt__
-_QMAX = (1 << 63) - 1      # the largest key field the flat key array holds
 
 
 @contextmanager
@@ -130,11 +130,19 @@ def _add_tasks_checked(g: TaskGraph, tasks: list, ats, out: list) -> bool:
             plens = list(map(len, RT))
             if (set(map(type, RT)) != _TUPLE or set(map(type, DT)) != _TUPLE
                     or plens != list(map(len, DT)) or min(plens) < 2 or max(plens) > MAX_PARTS
-                    or set(map(type, chain.from_iterable(RT))) != _INT
-                    or list(map(len, map(frozenset, RT))) != plens
-                    or set(map(type, chain.from_iterable(DT))) != _FLOAT
-                    or not all(map(_POSITIVE, chain.from_iterable(DT)))
-                    or not all(map(_FINITE, chain.from_iterable(DT)))):
+                    or set(map(type, chain.from_iterable(DT))) != _FLOAT):
+                return False
+            if set(map(type, chain.from_iterable(RT))) != _INT:
+                return False
+            # Routes the graph has seen are known to be distinct links (`TaskGraph._route_rix`);
+            # the others are checked once each.
+            X = list(map(g._route_rix.get, R))
+            fresh = dict.fromkeys(compress(R, map(is_, X, repeat(None)))) if None in X else {}
+            if any(type(r) is tuple and len(frozenset(r)) != len(r) for r in fresh):
+                return False
+            total = sum(map(sum, DT))  # finite only if every part's duration is (else: the loop)
+            pmin = min(map(min, DT))
+            if not (total - total == 0.0 and pmin > 0.0):
                 return False
             single = [p for p in range(m) if type(R[p]) is not tuple]
             rtypes = set(type(R[p]) for p in single)
@@ -151,9 +159,14 @@ def _add_tasks_checked(g: TaskGraph, tasks: list, ats, out: list) -> bool:
     if (set(map(type, K)) != _TUPLE or not rtypes <= _INT
             or not all(map(_is_int, chain.from_iterable(K)))
             or not (all(map(_POSITIVE, sdurs)) and all(map(_FINITE, sdurs)))
-            or min(lens) == 0 or max(lens) > KEY_FIELDS
-            or min(map(min, K)) <= KEY_PAD or max(map(max, K)) > _QMAX
-            or len(set(K)) != m or not ids.keys().isdisjoint(K)):
+            or min(lens) == 0 or max(lens) > KEY_FIELDS):
+        return False
+    import numpy as np
+    try:
+        flat = np.frombuffer(array("q", chain.from_iterable(K)), np.int64)  # fields beyond 64 bits: the loop
+    except OverflowError:
+        return False
+    if flat.min() <= KEY_PAD or len(set(K)) != m or not ids.keys().isdisjoint(K):
         return False
     # Every task is valid: nothing below can fail.  Ids as `_add` assigns them in order: the
     # given one, else the last free one, else the next beyond the end.
@@ -178,17 +191,27 @@ def _add_tasks_checked(g: TaskGraph, tasks: list, ats, out: list) -> bool:
             new = [p for p in range(m) if I[p] >= n]
     rindex, rlist = g._rindex, g._rlist
     if multi:
-        for r in dict.fromkeys(chain.from_iterable(r if type(r) is tuple else (r,) for r in R)):
-            if r not in rindex:  # in order of first use, as `_add` numbers them
-                rindex[r] = len(rlist)
-                rlist.append(r)
-        routes: dict = {}
-        X = [rindex[r] if type(r) is int else routes.get(r) or routes.setdefault(r, tuple(map(rindex.__getitem__, r)))
-             for r in R]
+        # Dense resource indices of each route, and its row of part slots, memoized per graph
+        # (`TaskGraph._route_rix`): a session adds transfers over the same routes again and again.
+        if fresh:
+            # Resources numbered in order of first use, as `_add` numbers them: the first use of
+            # a resource is in the first route (or single resource) not seen before that has it.
+            for r in dict.fromkeys(chain.from_iterable(r if type(r) is tuple else (r,) for r in fresh)):
+                if r not in rindex:
+                    rindex[r] = len(rlist)
+                    rlist.append(r)
+            cache, row = g._route_rix, g._route_row
+            for r in fresh:
+                if type(r) is int:
+                    cache[r] = rindex[r]
+                else:
+                    cache[r] = dr = tuple(map(rindex.__getitem__, r))
+                    row[r] = array("q", dr + _PAD_Q[len(dr)]).tobytes()
+            X = list(map(cache.__getitem__, R))
         AX, AD = X[:], durs[:]
-        for p, ds in zip(P, DT):
-            AX[p], AD[p] = -1, max(ds)
-        d = min(min(sdurs, default=_INF), min(map(min, DT)))
+        any(map(AX.__setitem__, P, repeat(-1)))
+        any(map(AD.__setitem__, P, map(max, DT)))
+        d = min(min(sdurs, default=_INF), pmin)
         g._multipart = True
     else:
         for r in dict.fromkeys(R):
@@ -202,7 +225,12 @@ def _add_tasks_checked(g: TaskGraph, tasks: list, ats, out: list) -> bool:
         g._dmin = d
     G = range(g._gseq + 1, g._gseq + m + 1)
     g._gseq += m
-    rows = list(map(tuple.__add__, K, map(_PADS.__getitem__, lens)))
+    # The flat key rows: each key's fields, padded to KEY_FIELDS.
+    rows = np.full((m, KEY_FIELDS), KEY_PAD, np.int64)
+    if min(lens) == max(lens):
+        rows[:, :lens[0]] = flat.reshape(m, lens[0])
+    else:
+        rows[np.arange(KEY_FIELDS) < np.array(lens)[:, None]] = flat
     cols = ((K, keys, None), (R, g._res, None), (X, g._rix, None), (AX, None, g._a_rix), (durs, g._dur, None),
             (AD, None, g._a_dur), (KIND, g._kind, None), (NB, g._nbytes, None), (LAB, g._label, None),
             (G, None, g._a_gen))
@@ -217,11 +245,11 @@ def _add_tasks_checked(g: TaskGraph, tasks: list, ats, out: list) -> bool:
             if arr is not None:
                 any(map(arr.__setitem__, io, vals))
         any(map(g._a_alive.__setitem__, io, repeat(1)))
-        _put_keys(g, io, rows if whole else list(map(rows.__getitem__, old)))
+        _put_keys(g, io, rows if whole else rows[old])
     if new:
         if len(new) < m:
             cols = tuple((list(map(col.__getitem__, new)), lst, arr) for col, lst, arr in cols)
-            rows = list(map(rows.__getitem__, new))
+            rows = rows[new]
         k = len(rows)
         for col, lst, arr in cols:
             if lst is not None:
@@ -229,17 +257,25 @@ def _add_tasks_checked(g: TaskGraph, tasks: list, ats, out: list) -> bool:
             if arr is not None:
                 arr.extend(col)
         g._a_alive.frombytes(b"\x01" * k)
-        g._a_key.extend(chain.from_iterable(rows))
+        g._a_key.frombytes(rows.tobytes())
         g._pred.extend([set() for _ in range(k)])
         g._succ.extend([set() for _ in range(k)])
-        g._grow_parts(k)
+        if multi and len(P) == k == m:
+            # A batch of new tasks that all have parts (fresh transfers): their part slots as
+            # they are appended, instead of empty slots written over.
+            g._a_np.frombytes(bytes(plens))
+            g._a_prix.frombytes(b"".join(map(g._route_row.__getitem__, RT)))
+            g._a_pdur.frombytes(_part_durations(DT, plens).tobytes())
+            multi = False  # done
+        else:
+            g._grow_parts(k)
     if old:
         np_ = g._a_np  # reused ids lose the parts of the task they held
         for i in (I if len(old) == m else map(I.__getitem__, old)):
             if np_[i]:
                 np_[i] = 0
     if multi:
-        _put_parts(g, list(map(I.__getitem__, P)), list(map(X.__getitem__, P)), DT, plens)
+        _put_parts(g, list(map(I.__getitem__, P)), RT, DT, plens)
     ids.update(zip(K, I))
     if g._journal is not None:
         g._journal.append((5, I))  # one entry per batch (`TaskGraph._rollback`)
@@ -249,37 +285,39 @@ def _add_tasks_checked(g: TaskGraph, tasks: list, ats, out: list) -> bool:
 
 
 _PAD_Q = tuple((0,) * (MAX_PARTS - n) for n in range(MAX_PARTS + 1))
-_PAD_D = tuple((0.0,) * (MAX_PARTS - n) for n in range(MAX_PARTS + 1))
 
 
-def _put_parts(g: TaskGraph, io: list, rix: list, dur: list, lens: list) -> None:
-    """Write the part slots of ids `io` (tasks with parts: dense resource tuples `rix`, duration
-    tuples `dur` of lengths `lens`), a whole batch with numpy."""
+def _part_durations(dur: list, lens: list):
+    """Rows of `MAX_PARTS` part durations (zero-padded) of duration tuples `dur` of lengths
+    `lens`, as a numpy array."""
+    import numpy as np
+    flat = np.frombuffer(array("d", chain.from_iterable(dur)), np.float64)
+    rows = np.zeros((len(dur), MAX_PARTS))
+    rows[np.arange(MAX_PARTS) < np.array(lens)[:, None]] = flat  # row by row, as the parts come
+    return rows
+
+
+def _put_parts(g: TaskGraph, io: list, routes: list, dur: list, lens: list) -> None:
+    """Write the part slots of ids `io` (tasks with parts: resource tuples `routes`, whose rows
+    `TaskGraph._route_row` holds, duration tuples `dur` of lengths `lens`), a whole batch with
+    numpy."""
     import numpy as np
     k = len(io)
-    pads = list(map(_PAD_Q.__getitem__, lens))
-    rows_q = array("q", chain.from_iterable(chain.from_iterable(zip(rix, pads))))
-    rows_d = array("d", chain.from_iterable(chain.from_iterable(zip(dur, map(_PAD_D.__getitem__, lens)))))
     a_np = np.frombuffer(g._a_np, np.int8)
     a_np[io] = lens
     prix = np.frombuffer(g._a_prix, np.int64).reshape(-1, MAX_PARTS)
-    prix[io] = np.frombuffer(rows_q, np.int64).reshape(k, MAX_PARTS)
+    prix[io] = np.frombuffer(b"".join(map(g._route_row.__getitem__, routes)), np.int64).reshape(k, MAX_PARTS)
     pdur = np.frombuffer(g._a_pdur, np.float64).reshape(-1, MAX_PARTS)
-    pdur[io] = np.frombuffer(rows_d, np.float64).reshape(k, MAX_PARTS)
+    pdur[io] = _part_durations(dur, lens)
     del a_np, prix, pdur  # release the arrays' buffers: they may grow again
 
 
-def _put_keys(g: TaskGraph, io: list, rows: list) -> None:
-    """Overwrite the flat key rows of ids `io` (keys that fit, see `_add_tasks_checked`)."""
-    a_key = g._a_key
-    if len(io) > 16 and len(a_key) == len(g._key) * KEY_FIELDS:
-        import numpy as np
-        flat = np.frombuffer(a_key, np.int64).reshape(-1, KEY_FIELDS)
-        flat[io] = np.frombuffer(array("q", chain.from_iterable(rows)), np.int64).reshape(-1, KEY_FIELDS)
-        del flat  # releases the array's buffer: it may grow again
-    else:
-        for i, row in zip(io, rows):
-            a_key[i * KEY_FIELDS:(i + 1) * KEY_FIELDS] = array("q", row)
+def _put_keys(g: TaskGraph, io: list, rows) -> None:
+    """Overwrite the flat key rows of ids `io` with `rows` (an int64 array of KEY_FIELDS columns)."""
+    import numpy as np
+    flat = np.frombuffer(g._a_key, np.int64).reshape(-1, KEY_FIELDS)
+    flat[io] = rows
+    del flat  # releases the array's buffer: it may grow again
 
 
 def _add_tasks_loop(g: TaskGraph, tasks, ats, out: list) -> list[int]:

@@ -112,36 +112,47 @@ def op_plan(b, i: int, op, cfg) -> tuple:
     return tasks, edges, tuple(keys)
 
 
-#: Route labels -> the label of each of its tasks ("first device->last device" of its links);
-#: a topology has at most one entry per device pair.
-_ROUTE_LABELS: dict = {}
+def route_columns(latency: float, hops: tuple) -> tuple:
+    """A route as the plans read it: (latency, link resources, bandwidths, labels, one), where
+    `one` is the (resource, label) of the transfer's one task when the route has at most
+    `MAX_PARTS` links — its link, or the tuple of them with label "first device->last device" —
+    and None for a longer route (`_hop_tasks` cuts it into several tasks)."""
+    res, bws, labels = zip(*hops) if hops else ((), (), ())
+    k = len(res)
+    if k == 1:
+        one = (res[0], labels[0])
+    elif 1 < k <= MAX_PARTS:
+        one = (res, labels[0].split("->")[0] + "->" + labels[-1].split("->")[-1])
+    else:
+        one = None
+    return float(latency), res, bws, labels, one
 
 
 def _hop_tasks(tasks: list, base: tuple, latency: float, route: tuple, nbytes: float) -> list:
-    """The link tasks of one transfer (`route` = (link resources, bandwidths, labels)); returns
-    their keys.  A transfer occupies every link of its route, each for ``latency + bytes /
-    bandwidth``, all from the producer's end on and queueing FIFO on each link with its other
-    traffic; the consumer waits for every link.  That is one task with a part per link
-    (`TaskGraph` tasks with parts), keyed ``base + (0,)``; a route longer than `MAX_PARTS` links
-    is cut into tasks ``base + (c,)`` of up to `MAX_PARTS` parts, which times the same (they
-    are ready together and adjacent in (ready, key) order, see `planner.simulator`).  A route
-    of one link gives a task on that link.  Only the first task carries the bytes moved."""
-    res, bws, labels = route
-    k = len(res)
-    if k == 1:
+    """The link tasks of one transfer over `route` (`route_columns`); returns their keys.  A
+    transfer occupies every link of its route, each for ``latency + bytes / bandwidth``, all
+    from the producer's end on and queueing FIFO on each link with its other traffic; the
+    consumer waits for every link.  That is one task with a part per link (`TaskGraph` tasks
+    with parts), keyed ``base + (0,)``; a route longer than `MAX_PARTS` links is cut into tasks
+    ``base + (c,)`` of up to `MAX_PARTS` parts, which times the same (they are ready together
+    and adjacent in (ready, key) order, see `planner.simulator`).  A route of one link gives a
+    task on that link.  Only the first task carries the bytes moved."""
+    _, res, bws, labels, one = route
+    if one is not None:
         key = base + (0,)
-        tasks.append((key, res[0], latency + nbytes / bws[0], "comm", nbytes, labels[0]))
+        if type(one[0]) is int:
+            tasks.append((key, one[0], latency + nbytes / bws[0], "comm", nbytes, one[1]))
+        else:
+            tasks.append((key, one[0], tuple(map(latency.__add__, map(nbytes.__truediv__, bws))), "comm", nbytes,
+                          one[1]))
         return [key]
     keys = []
-    names = _ROUTE_LABELS.get(labels)
-    if names is None:
-        names = _ROUTE_LABELS[labels] = [labels[lo].split("->")[0] + "->" + labels[min(lo + MAX_PARTS, k) - 1].split("->")[-1]
-                                         for lo in range(0, k, MAX_PARTS)]
+    k = len(res)
     for c, lo in enumerate(range(0, k, MAX_PARTS)):
         hi = min(lo + MAX_PARTS, k)
         key = base + (c,)
         nb = nbytes if c == 0 else 0.0
-        label = names[c]
+        label = labels[lo].split("->")[0] + "->" + labels[hi - 1].split("->")[-1]
         if hi - lo == 1:
             tasks.append((key, res[lo], latency + nbytes / bws[lo], "comm", nb, label))
         else:
@@ -183,8 +194,8 @@ def edge_plan(b, i: int, op, j: int, ccfg, pcfg) -> tuple:
                 else:
                     cts.append(ct)
     tasks, keys = [], []
-    route = b._route
-    fbase, bbase = (0, i, 1, j), (1, n - i, 1, j)
+    routes, route = b._route_columns, b._route
+    back = n - i
     for (pt, dd), boxes in pieces.items():
         if len(boxes) == 1:
             (box, dst), = boxes.items()
@@ -195,15 +206,32 @@ def edge_plan(b, i: int, op, j: int, ccfg, pcfg) -> tuple:
             nbytes = max(float(sum(map(volume, boxes)) * itemsize), _MIN_TRANSFER_BYTES)
             dst = sorted({ct for cts in boxes.values() for ct in cts})
         sd = pdev[pt]
-        latency, *hops = route(sd, dd)
-        fkeys = _hop_tasks(tasks, fbase + (pt, dd), latency * 1, hops, nbytes)
-        latency, *hops = route(dd, sd)
-        bkeys = _hop_tasks(tasks, bbase + (pt, dd), latency * 1, hops, nbytes)
+        there = routes.get((sd, dd)) or route(sd, dd)
+        back_route = routes.get((dd, sd)) or route(dd, sd)
+        one, bone = there[4], back_route[4]
+        if one is not None and bone is not None:
+            # The common case, inlined: one task each way (`_hop_tasks`).
+            fk, bk = (0, i, 1, j, pt, dd, 0), (1, back, 1, j, pt, dd, 0)
+            latency = there[0]
+            tasks.append((fk, one[0], latency + nbytes / there[2][0] if type(one[0]) is int else
+                          tuple(map(latency.__add__, map(nbytes.__truediv__, there[2]))), "comm", nbytes, one[1]))
+            latency = back_route[0]
+            tasks.append((bk, bone[0], latency + nbytes / back_route[2][0] if type(bone[0]) is int else
+                          tuple(map(latency.__add__, map(nbytes.__truediv__, back_route[2]))), "comm", nbytes,
+                          bone[1]))
+            fkeys, bkeys = (fk,), (bk,)
+        else:
+            fkeys = _hop_tasks(tasks, (0, i, 1, j, pt, dd), there[0], there, nbytes)
+            bkeys = _hop_tasks(tasks, (1, back, 1, j, pt, dd), back_route[0], back_route, nbytes)
         src_f, src_b = pf[pt], pb[pt]
         if len(dst) == 1:
             c = dst[0]
-            edges += chain.from_iterable(zip(zip(repeat(src_f), fkeys), zip(fkeys, repeat(cf[c]))))
-            edges += chain.from_iterable(zip(zip(repeat(cb[c]), bkeys), zip(bkeys, repeat(src_b))))
+            if len(fkeys) == len(bkeys) == 1:
+                fk, bk = fkeys[0], bkeys[0]
+                edges += ((src_f, fk), (fk, cf[c]), (cb[c], bk), (bk, src_b))
+            else:
+                edges += chain.from_iterable(zip(zip(repeat(src_f), fkeys), zip(fkeys, repeat(cf[c]))))
+                edges += chain.from_iterable(zip(zip(repeat(cb[c]), bkeys), zip(bkeys, repeat(src_b))))
         else:
             dst_f = list(map(cf.__getitem__, dst))
             dst_b = list(map(cb.__getitem__, dst))
@@ -278,8 +306,8 @@ def param_core(b, param: str, holdings: dict) -> tuple:
             done_on.setdefault(d, []).append(end)
         mult = 2 * (r - 1)
         for e in range(r):
-            latency, *hops = b._route(devs[e], devs[(e + 1) % r])
-            for k in _hop_tasks(tasks, (2, pi, gi, e), latency * mult, hops, per_edge):
+            ring = b._route(devs[e], devs[(e + 1) % r])
+            for k in _hop_tasks(tasks, (2, pi, gi, e), ring[0] * mult, ring, per_edge):
                 edges.append((start, k))
                 edges.append((k, end))
                 keys.append(k)

@@ -98,7 +98,8 @@ class TaskGraph:
                  "_pred", "_succ", "_free", "_held", "_hold", "_rindex", "_rlist",
                  "_version", "_dmin", "_a_dur", "_a_rix", "_a_key", "_a_alive", "_a_gen",
                  "_e_rec", "_e_alive", "_nedges", "_compilable",
-                 "_gseq", "_journal", "_compactions", "_a_np", "_a_prix", "_a_pdur", "_multipart")
+                 "_gseq", "_journal", "_compactions", "_a_np", "_a_prix", "_a_pdur", "_multipart",
+                 "_route_rix", "_route_row")
 
     def __init__(self) -> None:
         self._id: dict[tuple, int] = {}      # key -> id of live tasks
@@ -131,6 +132,10 @@ class TaskGraph:
         self._a_prix = array("q")
         self._a_pdur = array("d")
         self._multipart = False              # ever held a task with parts (`simulator` checks)
+        # Batched adds (`_bulk`): a resource or route as named -> its dense index or indices; a
+        # route -> its row of MAX_PARTS part slots (dense indices, zero-padded) as bytes.
+        self._route_rix: dict = {}
+        self._route_row: dict = {}
         self._e_rec = array("q")             # per edge: src, dst and their generations at add time
         self._e_alive = array("b")
         self._nedges = 0                     # live edges

@@ -50,7 +50,7 @@ from .graph import Op, OperatorGraph
 from .regions import Box, intersect, maximal, volume
 from ._plans import (_LAST, _MIN_TASK_SECONDS, _MIN_TRANSFER_BYTES, _VIRTUAL_RESOURCE_BASE,  # noqa: F401
                      PlanMemo, _prod, _sync_groups, _union_volume, bwd_key, edge_plan, fwd_key,
-                     op_plan, param_core, param_feed, param_plan)
+                     op_plan, param_core, param_feed, param_plan, route_columns)
 from ._bulk import gc_paused, refreeze
 from .simulator import DeltaSimulator, TaskGraph, Timeline, simulate
 from .strategy import ParallelConfig, Strategy, check_config
@@ -245,14 +245,12 @@ class TaskGraphBuilder:
             hit = self._route_cache[(src, dst)] = (self.topology.route_latency(src, dst), hops)
         return hit
 
-    def _route(self, src: int, dst: int) -> tuple[float, tuple, tuple, tuple]:
-        """`_hops` of a device pair as columns: (route latency, link resources, bandwidths,
-        labels), memoized (what the plans of `planner._plans` read)."""
+    def _route(self, src: int, dst: int) -> tuple:
+        """`_hops` of a device pair as the plans of `planner._plans` read it
+        (`planner._plans.route_columns`), memoized."""
         hit = self._route_columns.get((src, dst))
         if hit is None:
-            latency, hops = self._hops(src, dst)
-            res, bws, labels = zip(*hops) if hops else ((), (), ())
-            hit = self._route_columns[(src, dst)] = (latency, res, bws, labels)
+            hit = self._route_columns[(src, dst)] = route_columns(*self._hops(src, dst))
         return hit
 
     def _add_edge_group(self, tg, strategy: Strategy, i: int, op: Op, j: int) -> list:
