@@ -27,6 +27,7 @@ from ._taskstore import _PADS, KEY_FIELDS, KEY_PAD, MAX_PARTS, TaskGraph, _check
 from .errors import SimulationError, TaskGraphCycleError
 
 _INF = math.inf
+_NP_TYPE = {"q": "int64", "d": "float64", "b": "int8"}  # numpy views of the graph's flat arrays
 _TUPLE, _INT, _FLOAT, _SIX = {tuple}, {int}, {float}, {6}
 _POSITIVE = (0.0).__lt__   # also false for NaN
 _FINITE = _INF.__gt__
@@ -238,14 +239,16 @@ def _add_tasks_checked(g: TaskGraph, tasks: list, ats, out: list) -> bool:
         # Ids taken back (free or held): overwrite their slots, as `_add` does.
         whole = len(old) == m
         io = I if whole else list(map(I.__getitem__, old))
+        at = np.array(io, np.int64)
         for col, lst, arr in cols:
             vals = col if whole else list(map(col.__getitem__, old))
             if lst is not None:
                 any(map(lst.__setitem__, io, vals))
             if arr is not None:
-                any(map(arr.__setitem__, io, vals))
-        any(map(g._a_alive.__setitem__, io, repeat(1)))
-        _put_keys(g, io, rows if whole else rows[old])
+                np.frombuffer(arr, _NP_TYPE[arr.typecode])[at] = vals
+        np.frombuffer(g._a_alive, np.int8)[at] = 1
+        np.frombuffer(g._a_np, np.int8)[at] = 0  # reused ids lose the parts of the task they held
+        _put_keys(g, at, rows if whole else rows[old])
     if new:
         if len(new) < m:
             cols = tuple((list(map(col.__getitem__, new)), lst, arr) for col, lst, arr in cols)
@@ -269,11 +272,6 @@ def _add_tasks_checked(g: TaskGraph, tasks: list, ats, out: list) -> bool:
             multi = False  # done
         else:
             g._grow_parts(k)
-    if old:
-        np_ = g._a_np  # reused ids lose the parts of the task they held
-        for i in (I if len(old) == m else map(I.__getitem__, old)):
-            if np_[i]:
-                np_[i] = 0
     if multi:
         _put_parts(g, list(map(I.__getitem__, P)), RT, DT, plens)
     ids.update(zip(K, I))
