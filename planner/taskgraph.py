@@ -372,8 +372,10 @@ class DeltaSession:
     old and its new plan: tasks identical in every field stay, with their edges, and only edges
     the new plan adds, or whose end this change removed and re-added, are added.  A parameter
     shared by 40 unrolled steps has every step's backward tasks feeding its ring on each
-    device; changing one step's configuration used to rebuild all of that, now it touches that
-    step's edges.  A group whose new plan drops an edge between two tasks that both stay is
+    device; a change of one step's configuration that leaves the cells each device holds as
+    they were keeps the plan's core and the other 39 feeds (the same memoized objects,
+    `planner._plans.param_plan`), so computing the difference and applying it touch that step's
+    edges only.  A group whose new plan drops an edge between two tasks that both stay is
     replaced whole instead (edge removals are the slow edit)."""
 
     def __init__(self, builder: TaskGraphBuilder, strategy: Strategy):
