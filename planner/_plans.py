@@ -128,6 +128,15 @@ def route_columns(latency: float, hops: tuple) -> tuple:
     return float(latency), res, bws, labels, one
 
 
+def _one_task(key: tuple, latency: float, route: tuple, nbytes: float) -> tuple:
+    """The task of a transfer over a route of at most `MAX_PARTS` links (`route_columns`): each
+    link busy for ``latency + bytes / bandwidth``."""
+    _, _, bws, _, (res, label) = route
+    if type(res) is int:
+        return key, res, latency + nbytes / bws[0], "comm", nbytes, label
+    return key, res, tuple(map(latency.__add__, map(nbytes.__truediv__, bws))), "comm", nbytes, label
+
+
 def _hop_tasks(tasks: list, base: tuple, latency: float, route: tuple, nbytes: float) -> list:
     """The link tasks of one transfer over `route` (`route_columns`); returns their keys.  A
     transfer occupies every link of its route, each for ``latency + bytes / bandwidth``, all
@@ -140,11 +149,7 @@ def _hop_tasks(tasks: list, base: tuple, latency: float, route: tuple, nbytes: f
     _, res, bws, labels, one = route
     if one is not None:
         key = base + (0,)
-        if type(one[0]) is int:
-            tasks.append((key, one[0], latency + nbytes / bws[0], "comm", nbytes, one[1]))
-        else:
-            tasks.append((key, one[0], tuple(map(latency.__add__, map(nbytes.__truediv__, bws))), "comm", nbytes,
-                          one[1]))
+        tasks.append(_one_task(key, latency, route, nbytes))
         return [key]
     keys = []
     k = len(res)
@@ -208,17 +213,11 @@ def edge_plan(b, i: int, op, j: int, ccfg, pcfg) -> tuple:
         sd = pdev[pt]
         there = routes.get((sd, dd)) or route(sd, dd)
         back_route = routes.get((dd, sd)) or route(dd, sd)
-        one, bone = there[4], back_route[4]
-        if one is not None and bone is not None:
-            # The common case, inlined: one task each way (`_hop_tasks`).
+        if there[4] is not None and back_route[4] is not None:
+            # The common case: one task each way (`_hop_tasks`), keys built whole.
             fk, bk = (0, i, 1, j, pt, dd, 0), (1, back, 1, j, pt, dd, 0)
-            latency = there[0]
-            tasks.append((fk, one[0], latency + nbytes / there[2][0] if type(one[0]) is int else
-                          tuple(map(latency.__add__, map(nbytes.__truediv__, there[2]))), "comm", nbytes, one[1]))
-            latency = back_route[0]
-            tasks.append((bk, bone[0], latency + nbytes / back_route[2][0] if type(bone[0]) is int else
-                          tuple(map(latency.__add__, map(nbytes.__truediv__, back_route[2]))), "comm", nbytes,
-                          bone[1]))
+            tasks.append(_one_task(fk, there[0], there, nbytes))
+            tasks.append(_one_task(bk, back_route[0], back_route, nbytes))
             fkeys, bkeys = (fk,), (bk,)
         else:
             fkeys = _hop_tasks(tasks, (0, i, 1, j, pt, dd), there[0], there, nbytes)
