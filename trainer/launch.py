@@ -3,12 +3,20 @@
     autopar train --model lenet --strategy data-parallel --nproc 2 --steps 10     # N local ranks
     torchrun --nproc-per-node 2 -m autopar.cli train --model lenet ...            # same entry point
 
-Local mode forks (or spawns) `nproc` processes that rendezvous over TCP on 127.0.0.1 at a free port
+Local mode starts `nproc` processes that rendezvous over TCP on 127.0.0.1 at a free port
 and run one function; each writes its return value to a private file that the parent reads after
 every rank has exited cleanly — nothing is reported from a job that did not finish.  Under
 torchrun the process reads RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT and joins the
 job itself.  Backend: NCCL when the ranks use CUDA devices (that path is written for GPUs and
 untested on this machine), gloo otherwise, one CPU thread per rank.
+
+Gloo ranks are forked from a fork server (``forkserver``), not from the caller: a process that has
+traced a model with fake tensors and then run a backward pass (the planner and the profiler do
+both) has started autograd's device threads, and a plain ``fork`` of it leaves children whose
+backward raises "Unable to handle autograd's threading in combination with fork-based
+multiprocessing".  The server is a fresh interpreter that imports torch and the trainer once (about
+a second, the first time) and forks every later rank in milliseconds; ranks get the caller's
+environment as it is at launch.  NCCL ranks are spawned (CUDA cannot be forked).
 
 A rank that dies takes the job down cleanly: the parent notices the failed process, gives the
 others `grace` seconds to fail on their broken connections (gloo raises as soon as a peer's socket
@@ -95,7 +103,10 @@ def _is_comm_error(e: BaseException) -> bool:
 
 
 def _worker(rank: int, fn: Callable, world: int, port: int, backend: str, timeout: float, out_dir: str,
-            args: tuple) -> None:
+            args: tuple, env: dict[str, str]) -> None:
+    # A fork server's children start with the server's environment; a rank gets the caller's.
+    os.environ.clear()
+    os.environ.update(env)
     out = Path(out_dir)
     try:
         init_rank(rank, world, "127.0.0.1", port, backend, timeout)
@@ -115,16 +126,17 @@ def run_local(fn: Callable, nproc: int, args: Sequence[Any] = (), *, backend: st
               grace: float = GRACE_SECONDS) -> list[Any]:
     """Run ``fn(rank, world, *args)`` on `nproc` local ranks; return every rank's result in rank order.
 
-    `fn` and `args` must be picklable for the ``spawn`` start method; ``fork`` (the default on Linux
-    without CUDA, ~10x faster to start) inherits them.
+    `fn` and `args` are pickled to the ranks (``forkserver`` for gloo, ``spawn`` for NCCL; see the
+    module docstring), so `fn` must be a module-level function.  ``start_method="fork"`` is faster
+    still, but only safe in a process that has not run autograd since it entered a fake-tensor mode.
     """
     if nproc < 1:
         raise TrainerConfigError(f"--nproc must be at least 1, got {nproc}")
-    method = start_method or ("fork" if backend == "gloo" and "fork" in mp.get_all_start_methods() else "spawn")
-    ctx = mp.get_context(method)
+    ctx = mp.get_context(start_method or _default_start_method(backend))
     port = free_port()
+    env = dict(os.environ)
     with tempfile.TemporaryDirectory(prefix="autopar-ranks-") as out_dir:
-        procs = [ctx.Process(target=_worker, args=(r, fn, nproc, port, backend, timeout, out_dir, tuple(args)),
+        procs = [ctx.Process(target=_worker, args=(r, fn, nproc, port, backend, timeout, out_dir, tuple(args), env),
                              name=f"autopar-rank{r}", daemon=False) for r in range(nproc)]
         for p in procs:
             p.start()
@@ -157,6 +169,17 @@ def run_local(fn: Callable, nproc: int, args: Sequence[Any] = (), *, backend: st
         if any(c != 0 for c in codes):
             raise _failure(Path(out_dir), codes)
         return [torch.load(Path(out_dir) / f"result-{r}.pt", weights_only=False) for r in range(nproc)]
+
+
+_SERVER_PRELOAD = ["torch", "torch.distributed", "autopar.trainer.launch"]
+
+
+def _default_start_method(backend: str) -> str:
+    if backend == "gloo" and "forkserver" in mp.get_all_start_methods():
+        # Takes effect when this process's fork server starts, i.e. before its first gloo launch.
+        mp.set_forkserver_preload(_SERVER_PRELOAD)
+        return "forkserver"
+    return "spawn"
 
 
 def _failure(out: Path, codes: list[int | None]) -> RankFailedError:
