@@ -68,7 +68,7 @@ def load_model_for_planning(name: str, **options):
 
 
 def resolve_strategy(name_or_file: str, problem: Problem) -> Strategy:
-    from autopar.planner.baselines import list_named, named_strategy
+    from autopar.planner.search import list_named, named_strategy
 
     if name_or_file in list_named():
         return named_strategy(name_or_file, problem.graph, problem.topology)

@@ -7,7 +7,8 @@ import time
 from typing import Any
 
 from autopar.planner.memory import check_fits
-from autopar.planner.taskgraph import SimulationResult, TaskGraphBuilder, simulate_strategy
+from autopar.planner.taskgraph import TaskGraphBuilder
+from autopar.planner.evaluate import SimulationResult, simulate_strategy
 
 from ._common import Problem, emit_json, fmt_bytes, fmt_seconds, load_problem, resolve_strategy
 

@@ -20,7 +20,7 @@ strategy is also simulated in full (build the whole task
 graph and run Algorithm 1 — memory accounting, which both paths can skip, is not timed) and timed, and the two timelines are compared task by task; `agree` is true
 only if every compared timeline was identical.
 
-Each row runs in the garbage-collection regime of a search (`planner._bulk.frozen_heap`: the
+Each row runs in the garbage-collection regime of a search (`planner.gc_regime.frozen_heap`: the
 long-lived heap frozen, and what a build or a change allocates frozen after it), for both paths
 alike: the full path's build and the delta path's changes are timed under the same collector.
 
@@ -41,7 +41,7 @@ import sys
 import time
 from typing import Any
 
-from autopar.planner._bulk import frozen_heap
+from autopar.planner.gc_regime import frozen_heap
 from autopar.planner.cost import CostModel
 from autopar.planner.fx_import import import_spec
 from autopar.planner.presets import get_preset
@@ -49,7 +49,8 @@ from autopar.planner.simulator import simulate
 from autopar.planner.search._estimate import change_tasks
 from autopar.planner.search.mcmc import MAX_CHANGE_RATIO, SoapSpace
 from autopar.planner.strategy import data_parallel
-from autopar.planner.taskgraph import DeltaSession, TaskGraphBuilder, simulate_strategy
+from autopar.planner.taskgraph import DeltaSession, TaskGraphBuilder
+from autopar.planner.evaluate import simulate_strategy
 
 from ._common import load_model_for_planning
 

@@ -9,13 +9,15 @@ entries that undo the same edits (a whole batch in one entry) — with the graph
 per batch and the counters (version, edge count, generations, smallest duration) written back
 once.  A batch that meets an invalid element stops
 there, with every element before it added, exactly as the same calls one by one would leave it.
+
+Every function takes the `TaskGraph` ``g`` it edits and writes its columns directly.  This module
+sits below the task store (`_taskstore` calls it for `add_tasks`/`add_edges`) and imports only the
+layout rules the two share (`_layout`), so the two depend one way.
 """
 
 from __future__ import annotations
 
-import gc
 import math
-from contextlib import contextmanager
 from array import array
 from itertools import chain, compress, repeat
 from operator import eq as _eq
@@ -23,7 +25,7 @@ from operator import is_
 from operator import not_ as _not
 from operator import index as _as_index
 
-from ._taskstore import _PADS, KEY_FIELDS, KEY_PAD, MAX_PARTS, TaskGraph, _check_duration, _is_int
+from ._layout import _PADS, KEY_FIELDS, KEY_PAD, MAX_PARTS, _check_duration, _is_int
 from .errors import SimulationError, TaskGraphCycleError
 
 _INF = math.inf
@@ -33,72 +35,7 @@ _POSITIVE = (0.0).__lt__   # also false for NaN
 _FINITE = _INF.__gt__
 
 
-@contextmanager
-def gc_paused():
-    """Hold off the cyclic garbage collector while a task graph is built or edited.
-
-    A task graph is mostly GC-tracked containers (two adjacency sets per task), and building one
-    allocates 10^5 of them: every few thousand allocations the collector runs, and every so often
-    it traverses every live object — the graph being built, the simulator's graph, the builder's
-    plans — which cost about a third of an MCMC proposal's time on the larger zoo graphs.  What
-    the builder and the simulator allocate holds no reference cycles (sets of ints, tuples, flat
-    lists), so nothing is left for the collector to find; it resumes, and catches up with
-    anything else, when the outermost pause ends."""
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
-
-
-_frozen_depth = 0
-
-
-@contextmanager
-def frozen_heap():
-    """Keep the cyclic garbage collector off everything alive when a search starts, and off
-    each task graph a search builds and each change a `DeltaSession` makes (`refreeze`), for as
-    long as the search runs.
-
-    A search keeps 10^5–10^6 long-lived containers (task graphs, plan memos, the traced model,
-    torch's modules) and every proposal adds and drops thousands more, so every few dozen
-    proposals CPython's oldest-generation collection walks them all: 0.1–0.5 s each, a tenth of
-    an nmt chain's time at 16 GPUs.  Collecting once and then `gc.freeze()`-ing what survives
-    leaves later collections only the young objects.  A change of 10^4 tasks allocates some 10^5
-    young containers (adjacency sets, plan entries): freezing them too (`gc.freeze` is O(1))
-    spares the collections that traversed them after every change, some 15 % of the time of
-    random changes of nmt on 64 GPUs.
-    Objects frozen stay subject to reference counting, so what the search drops is freed as
-    usual; cyclic garbage made during the search and frozen with a change waits for the end,
-    when everything is unfrozen."""
-    global _frozen_depth
-    if _frozen_depth or not gc.isenabled():
-        _frozen_depth += 1
-        try:
-            yield
-        finally:
-            _frozen_depth -= 1
-        return
-    gc.collect()
-    gc.freeze()
-    _frozen_depth = 1
-    try:
-        yield
-    finally:
-        _frozen_depth = 0
-        gc.unfreeze()
-
-
-def refreeze() -> None:
-    """Inside `frozen_heap`, freeze what was built since (a new task graph); else nothing."""
-    if _frozen_depth:
-        gc.freeze()
-
-
-def add_tasks(g: TaskGraph, tasks, ats=None, out: list | None = None) -> list[int]:
+def add_tasks(g, tasks, ats=None, out: list | None = None) -> list[int]:
     """Add ``(key, resource, duration, kind, nbytes, label)`` tasks in order, as `TaskGraph._add`
     would one by one; ``ats[n]`` is the id task n must reuse (-1: any).  Returns (and appends to
     `out`) the id of every task added."""
@@ -111,7 +48,7 @@ def add_tasks(g: TaskGraph, tasks, ats=None, out: list | None = None) -> list[in
     return _add_tasks_loop(g, tasks, ats, out)
 
 
-def _add_tasks_checked(g: TaskGraph, tasks: list, ats, out: list) -> bool:
+def _add_tasks_checked(g, tasks: list, ats, out: list) -> bool:
     """Add the whole batch column by column (C loops) when every task passes `TaskGraph._add`'s
     checks and fits the compiled pass; False, with nothing changed, when one does not (the loop
     then adds the batch, raising where `_add` would)."""
@@ -295,7 +232,7 @@ def _part_durations(dur: list, lens: list):
     return rows
 
 
-def _put_parts(g: TaskGraph, io: list, routes: list, dur: list, lens: list) -> None:
+def _put_parts(g, io: list, routes: list, dur: list, lens: list) -> None:
     """Write the part slots of ids `io` (tasks with parts: resource tuples `routes`, whose rows
     `TaskGraph._route_row` holds, duration tuples `dur` of lengths `lens`), a whole batch with
     numpy."""
@@ -310,7 +247,7 @@ def _put_parts(g: TaskGraph, io: list, routes: list, dur: list, lens: list) -> N
     del a_np, prix, pdur  # release the arrays' buffers: they may grow again
 
 
-def _put_keys(g: TaskGraph, io: list, rows) -> None:
+def _put_keys(g, io: list, rows) -> None:
     """Overwrite the flat key rows of ids `io` with `rows` (an int64 array of KEY_FIELDS columns)."""
     import numpy as np
     flat = np.frombuffer(g._a_key, np.int64).reshape(-1, KEY_FIELDS)
@@ -318,7 +255,7 @@ def _put_keys(g: TaskGraph, io: list, rows) -> None:
     del flat  # releases the array's buffer: it may grow again
 
 
-def _add_tasks_loop(g: TaskGraph, tasks, ats, out: list) -> list[int]:
+def _add_tasks_loop(g, tasks, ats, out: list) -> list[int]:
     """`add_tasks` one task at a time: `TaskGraph._add`'s steps with the graph's lists bound once."""
     if any(type(t[1]) is tuple or type(t[2]) is tuple for t in tasks if type(t) is tuple and len(t) == 6):
         # Tasks with parts: `_add` itself, task by task (this path only runs for batches with an
@@ -421,7 +358,7 @@ def _add_tasks_loop(g: TaskGraph, tasks, ats, out: list) -> list[int]:
     return out
 
 
-def _extend_keys(g: TaskGraph, a_key: array, rows: list) -> None:
+def _extend_keys(g, a_key: array, rows: list) -> None:
     """Append padded key rows; a row with a field beyond 64 bits makes the graph use the Python
     pass, exactly as `TaskGraph._add` handles it."""
     n = len(a_key)
@@ -437,7 +374,7 @@ def _extend_keys(g: TaskGraph, a_key: array, rows: list) -> None:
                 g._compilable = False
 
 
-def resolve(g: TaskGraph, edges) -> tuple[list, list, tuple | None]:
+def resolve(g, edges) -> tuple[list, list, tuple | None]:
     """Ids of the ends of edges given by keys, up to the first unknown key: (sources,
     destinations, that edge or None)."""
     ids = g._id
@@ -460,13 +397,13 @@ def resolve(g: TaskGraph, edges) -> tuple[list, list, tuple | None]:
     return A, B, None
 
 
-def unknown(g: TaskGraph, edge: tuple) -> None:
+def unknown(g, edge: tuple) -> None:
     """Raise the error `TaskGraph.add_edge` raises for an edge with an unknown key."""
     g._ix(edge[0])
     g._ix(edge[1])
 
 
-def add_edges(g: TaskGraph, A: list, B: list, out: list | None = None) -> list:
+def add_edges(g, A: list, B: list, out: list | None = None) -> list:
     """Add edges ``A[n] -> B[n]`` (ids) in order, as `TaskGraph._add_edge` would one by one.
     Returns (and appends to `out`) the positions of the edges that were new."""
     if out is None:
@@ -494,7 +431,7 @@ def add_edges(g: TaskGraph, A: list, B: list, out: list | None = None) -> list:
     return out
 
 
-def _add_new_edges(g: TaskGraph, A: list, B: list) -> None:
+def _add_new_edges(g, A: list, B: list) -> None:
     """Add edges none of which the graph has, none repeated and none a loop, column by column
     (C loops), in order."""
     k = len(A)
@@ -511,7 +448,7 @@ def _add_new_edges(g: TaskGraph, A: list, B: list) -> None:
     g._nedges += k
 
 
-def _add_edges_loop(g: TaskGraph, A: list, B: list, out: list) -> list:
+def _add_edges_loop(g, A: list, B: list, out: list) -> list:
     """`add_edges` one edge at a time, for a batch with a loop (which raises where it is)."""
     succ = g._succ
     emit = out.append

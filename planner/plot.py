@@ -42,7 +42,8 @@ def plot_strategy(path: str | Path, graph: OperatorGraph, topology: DeviceTopolo
 
     if timeline is None or task_graph is None:
         from .cost import CostModel
-        from .taskgraph import TaskGraphBuilder, simulate_strategy
+        from .taskgraph import TaskGraphBuilder
+        from .evaluate import simulate_strategy
         builder = builder if builder is not None else TaskGraphBuilder(graph, topology, CostModel())
         _, timeline, task_graph = simulate_strategy(builder, strategy)
     rows, labels = _layers(graph)

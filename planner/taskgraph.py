@@ -51,8 +51,8 @@ from .regions import Box, intersect, maximal, volume
 from ._plans import (_LAST, _MIN_TASK_SECONDS, _MIN_TRANSFER_BYTES, _VIRTUAL_RESOURCE_BASE,  # noqa: F401
                      PlanMemo, _prod, _sync_groups, _union_volume, bwd_key, edge_plan, fwd_key,
                      op_plan, param_core, param_feed, param_plan, route_columns)
-from ._bulk import gc_paused, refreeze
-from .simulator import DeltaSimulator, TaskGraph, Timeline, simulate
+from .gc_regime import gc_paused, refreeze
+from .simulator import DeltaSimulator, TaskGraph, Timeline
 from .strategy import ParallelConfig, Strategy, check_config
 
 
@@ -222,7 +222,7 @@ class TaskGraphBuilder:
                     self._add_edge_group(tg, strategy, i, op, j)
             for p in self.graph.param_specs:
                 self._add_param_group(tg, strategy, p)
-            refreeze()  # in a search (`_bulk.frozen_heap`), the collector leaves this graph alone
+            refreeze()  # in a search (`gc_regime.frozen_heap`), the collector leaves this graph alone
         return tg
 
     def _add_op(self, tg, i: int, op: Op, cfg: ParallelConfig) -> list:
@@ -399,7 +399,7 @@ class DeltaSession:
                 self._owned[("param", p)] = plan = builder._param_plan(strategy, p)
                 builder._add_plan(self.sim, plan)
             self.sim.resimulate()
-            refreeze()  # in a search (`_bulk.frozen_heap`), the collector leaves this graph alone
+            refreeze()  # in a search (`gc_regime.frozen_heap`), the collector leaves this graph alone
 
     @property
     def step_time(self) -> float:
@@ -498,40 +498,3 @@ class DeltaSession:
                 b._add_plan(sim, plan)
         sim.resimulate(restores=restores)
         return sim.makespan
-
-
-@dataclass(frozen=True)
-class SimulationResult:
-    """What a simulation reports: step time, per-device busy time, bytes moved, peak memory."""
-
-    step_time: float
-    compute_busy: dict[int, float]
-    link_busy: dict[str, float]
-    bytes_moved: float
-    num_tasks: int
-    peak_memory: dict[int, int]
-
-
-def simulate_strategy(builder: TaskGraphBuilder, strategy: Strategy) -> tuple[SimulationResult, Timeline, TaskGraph]:
-    """Full simulation (Algorithm 1): build the task graph and time it from scratch."""
-    from .memory import peak_memory
-    tg = builder.build(strategy)
-    tl = simulate(tg)
-    return summarize(builder, strategy, tg, tl, peak_memory(builder, strategy)), tl, tg
-
-
-def summarize(builder: TaskGraphBuilder, strategy: Strategy, tg: TaskGraph, tl: Timeline,
-              peak: dict[int, int]) -> SimulationResult:
-    n = builder.num_devices
-    busy = tl.busy()
-    compute = {d: busy.get(d, 0.0) for d in range(n)}
-    links = {}
-    for li, link in enumerate(builder.topology.links):
-        v = busy.get(n + li, 0.0)
-        if v > 0:
-            links[link.label] = v
-    nb = tg._nbytes
-    moved = sum(nb[i] for i in tg._id.values())
-    if not strategy.devices_used():
-        raise StrategyError("strategy places no task on any device")
-    return SimulationResult(tl.makespan, compute, links, moved, len(tg), peak)

@@ -41,18 +41,18 @@ def test_the_timed_full_build_does_not_find_what_the_change_just_memoized():
 
 
 def test_both_paths_are_timed_in_the_garbage_collection_regime_of_a_search(monkeypatch):
-    from autopar.planner import _bulk
+    from autopar.planner import gc_regime
     from autopar.planner.taskgraph import DeltaSession, TaskGraphBuilder
 
     frozen: dict[str, set] = {"full": set(), "delta": set()}
     build, change = TaskGraphBuilder.build, DeltaSession.change
 
     def spy_build(self, *args, **kw):
-        frozen["full"].add(_bulk._frozen_depth > 0)
+        frozen["full"].add(gc_regime._frozen_depth > 0)
         return build(self, *args, **kw)
 
     def spy_change(self, *args, **kw):
-        frozen["delta"].add(_bulk._frozen_depth > 0)
+        frozen["delta"].add(gc_regime._frozen_depth > 0)
         return change(self, *args, **kw)
 
     monkeypatch.setattr(TaskGraphBuilder, "build", spy_build)

@@ -146,7 +146,8 @@ def _searched(graph, topology, cost, budget_s: float):
 
 
 def _simulated(graph, topology, cost, strategy) -> float:
-    from autopar.planner.taskgraph import TaskGraphBuilder, simulate_strategy
+    from autopar.planner.taskgraph import TaskGraphBuilder
+    from autopar.planner.evaluate import simulate_strategy
     return simulate_strategy(TaskGraphBuilder(graph, topology, cost, _OPT.name), strategy)[0].step_time
 
 

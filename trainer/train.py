@@ -130,10 +130,10 @@ def _plan_file_prediction(strategy: Any) -> tuple[float | None, str]:
 
 
 def resolve_strategy(strategy: Any, graph: OperatorGraph, topology) -> Strategy:
-    """A `Strategy`, a named strategy (planner.baselines) or a plan file (planner.plan_file)."""
+    """A `Strategy`, a named strategy (planner.search.named) or a plan file (planner.plan_file)."""
     from pathlib import Path
 
-    from autopar.planner.baselines import list_named, named_strategy
+    from autopar.planner.search import list_named, named_strategy
     if isinstance(strategy, Strategy):
         return strategy
     if strategy in list_named():
@@ -156,7 +156,8 @@ def predict(graph: OperatorGraph, topology, strategy: Strategy, cfg: TrainConfig
 
         from autopar.planner.cost import CostModel
         from autopar.planner.profile_cache import ProfileCache, default_cache_path
-        from autopar.planner.taskgraph import TaskGraphBuilder, simulate_strategy
+        from autopar.planner.taskgraph import TaskGraphBuilder
+        from autopar.planner.evaluate import simulate_strategy
         path = Path(cfg.profile_cache) if cfg.profile_cache else default_cache_path()
         cost = CostModel(ProfileCache.load(path)).bind(graph)
         builder = TaskGraphBuilder(graph, topology, cost, cfg.optimizer.name)

@@ -7,21 +7,20 @@
 * `exhaustive_search` — depth-first search with lower-bound pruning (`planner.search.exhaustive`);
 * `expert`, `expert_cnn`, `expert_rnn`, `PlacementSpace` — expert strategies and REINFORCE's
   placement-only space (`planner.search.experts`);
+* `named_strategy`, `list_named` — the baselines by name (`planner.search.named`);
 * `run_search_bench` — `autopar bench search` (`planner.search.bench`).
-
-Importing this package registers the named strategies ``expert``, ``expert-cnn``,
-``expert-rnn``, ``layer-placement``, ``placement`` and ``optcnn`` in `planner.baselines`.
 """
 
 from .exhaustive import ExhaustiveResult, exhaustive_search
 from .experts import PlacementSpace, expert, expert_cnn, expert_rnn, layer_placement
 from .mcmc import ChainResult, SoapSpace, accept, run_chain
+from .named import list_named, named_strategy
 from .optcnn import OptCNNResult, optcnn, optcnn_cost
 from .plan import Candidate, PlanResult, plan
 
 __all__ = ["Candidate", "ChainResult", "ExhaustiveResult", "OptCNNResult", "PlacementSpace", "PlanResult",
            "SoapSpace", "accept", "exhaustive_search", "expert", "expert_cnn", "expert_rnn", "layer_placement",
-           "optcnn", "optcnn_cost", "plan", "run_chain", "run_search_bench"]
+           "list_named", "named_strategy", "optcnn", "optcnn_cost", "plan", "run_chain", "run_search_bench"]
 
 
 def run_search_bench(*args, **kwargs):

@@ -22,14 +22,14 @@
 from __future__ import annotations
 
 import random
+from typing import Callable
 
 import networkx as nx
 
-from ..baselines import register
 from ..cost import kind_class
 from ..errors import StrategyError
 from ..graph import DimKind, Op, OperatorGraph
-from ..strategy import ParallelConfig, Strategy, check_config, data_parallel
+from ..strategy import ParallelConfig, Strategy, check_config, data_parallel, model_parallel, single_device
 from ..topology import DeviceTopology
 from .layer_blocks import layer_blocks  # noqa: F401  (re-exported: an expert-style start)
 
@@ -188,9 +188,20 @@ class PlacementSpace:
         return all(d == 1 for d in cfg.degrees) and len(cfg.devices) == 1
 
 
-register("expert", expert, "CNNs: data parallel convolutions, model parallel dense layers; RNNs: data parallel "
-         "across nodes, one layer depth per GPU (FlexFlow 8.2.1)")
-register("expert-cnn", expert_cnn, "'one weird trick': data parallel convolutions and pools, model parallel dense "
-         "layers (Krizhevsky 2014)")
-register("expert-rnn", expert_rnn, "data parallel across nodes, ops of one layer depth on one GPU per node (GNMT)")
-register("layer-placement", layer_placement, "every op whole, layer depth d on device d-1 mod n (model parallelism)")
+Rule = Callable[[OperatorGraph, DeviceTopology], Strategy]
+
+#: The fixed-rule baselines by name (FlexFlow 8.2.1): how each is built and a one-line description.
+#: `search.named` lists them with the searched ones; `search.plan` simulates some of them.
+RULES: dict[str, tuple[Rule, str]] = {
+    "data-parallel": (lambda g, t: data_parallel(g, t.num_devices),
+                      "every op split along its sample dimension over all devices"),
+    "model-parallel": (lambda g, t: model_parallel(g, t.num_devices),
+                       "the parameters of every layer split evenly over all devices (FlexFlow 8.2.1)"),
+    "single-device": (lambda g, t: single_device(g, 0), "the whole model on device 0"),
+    "expert": (expert, "CNNs: data parallel convolutions, model parallel dense layers; RNNs: data parallel "
+               "across nodes, one layer depth per GPU (FlexFlow 8.2.1)"),
+    "expert-cnn": (expert_cnn, "'one weird trick': data parallel convolutions and pools, model parallel dense "
+                   "layers (Krizhevsky 2014)"),
+    "expert-rnn": (expert_rnn, "data parallel across nodes, ops of one layer depth on one GPU per node (GNMT)"),
+    "layer-placement": (layer_placement, "every op whole, layer depth d on device d-1 mod n (model parallelism)"),
+}

@@ -42,14 +42,14 @@ import random
 import sys
 import time
 
-from .._bulk import frozen_heap
-from ..baselines import named_strategy, register
+from ..gc_regime import frozen_heap
 from ..cost import CostModel
 from ..errors import OutOfMemoryError, StrategyError
 from ..graph import OperatorGraph
 from ..memory import check_fits
 from ..strategy import Strategy, random_config, single_device
-from ..taskgraph import OPTIMIZER_STATES, DeltaSession, TaskGraphBuilder, simulate_strategy
+from ..taskgraph import OPTIMIZER_STATES, DeltaSession, TaskGraphBuilder
+from ..evaluate import simulate_strategy
 from ..topology import DeviceTopology
 from . import experts
 from ._estimate import estimate_tasks
@@ -88,7 +88,7 @@ def plan(graph: OperatorGraph, topology: DeviceTopology, cost: CostModel | None 
     with ui, frozen_heap():
         for name in BASELINES:
             ui.phase(f"simulating {name}")
-            cands[name] = _evaluate(builder, name, lambda nm=name: named_strategy(nm, graph, topology),
+            cands[name] = _evaluate(builder, name, lambda nm=name: experts.RULES[nm][0](graph, topology).renamed(nm),
                                     keep=sessions if name in starts else None, max_tasks=max_tasks)
 
         oc: OptCNNResult | None = None
@@ -427,13 +427,3 @@ class _Progress:
             shown = f"{best * 1e3:.3f} ms" if math.isfinite(best) else "none fits yet"
             progress.update(task, description=f"{label}: best {shown}", completed=elapsed, total=None)
         return report
-
-
-def _optcnn_strategy(graph: OperatorGraph, topology: DeviceTopology) -> Strategy:
-    return optcnn(graph, topology, CostModel()).strategy
-
-
-register("placement", placement_strategy, "device placement only (REINFORCE's space), searched by MCMC from a single "
-         "device and from one layer depth per device")
-register("optcnn", _optcnn_strategy, "OptCNN's layer-wise dynamic programming, optimal under its cost model (sum of "
-         "compute, transfer and synchronization, no overlap)")

@@ -14,7 +14,8 @@ from autopar.planner.presets import get_preset
 from autopar.planner.search.branches import (_best_blocks, balanced_branches, branch_placement, module_branches,
                                               node_blocks)
 from autopar.planner.strategy import data_parallel
-from autopar.planner.taskgraph import TaskGraphBuilder, simulate_strategy
+from autopar.planner.taskgraph import TaskGraphBuilder
+from autopar.planner.evaluate import simulate_strategy
 
 from ._graphs import zoo
 

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from autopar.planner.baselines import list_named, named_strategy
+from autopar.planner.search import list_named, named_strategy
 from autopar.planner.errors import StrategyError
 from autopar.planner.graph import DimKind
 from autopar.planner.presets import get_preset

@@ -8,7 +8,8 @@ from autopar.planner.graph import DimKind
 from autopar.planner.presets import get_preset
 from autopar.planner.search.layer_blocks import layer_blocks, recurrent_layers
 from autopar.planner.strategy import ParallelConfig, Strategy, data_parallel
-from autopar.planner.taskgraph import TaskGraphBuilder, simulate_strategy
+from autopar.planner.taskgraph import TaskGraphBuilder
+from autopar.planner.evaluate import simulate_strategy
 
 from ._graphs import zoo
 

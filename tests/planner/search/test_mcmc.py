@@ -12,7 +12,8 @@ from autopar.planner.search._memtrack import MemoryTracker
 from autopar.planner.search.experts import PlacementSpace
 from autopar.planner.search.mcmc import accept, run_chain
 from autopar.planner.strategy import ParallelConfig, data_parallel, random_config, single_device
-from autopar.planner.taskgraph import TaskGraphBuilder, simulate_strategy
+from autopar.planner.taskgraph import TaskGraphBuilder
+from autopar.planner.evaluate import simulate_strategy
 
 from ._graphs import diamond, mlp, rnn, zoo
 

@@ -8,7 +8,8 @@ from autopar.planner.cost import CostModel
 from autopar.planner.errors import OutOfMemoryError
 from autopar.planner.presets import get_preset
 from autopar.planner.search.plan import plan
-from autopar.planner.taskgraph import TaskGraphBuilder, simulate_strategy
+from autopar.planner.taskgraph import TaskGraphBuilder
+from autopar.planner.evaluate import simulate_strategy
 
 from ._graphs import diamond, mlp, rnn
 
