@@ -9,9 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from autopar.planner.errors import AutoparError
-from autopar.planner.graph import OperatorGraph
-from autopar.planner.strategy import Strategy
-from autopar.planner.topology import DeviceTopology
+from autopar.planner.hardware import DeviceTopology
+from autopar.planner.ir import OperatorGraph, Strategy
 
 
 @dataclass
@@ -43,10 +42,9 @@ def add_model_args(p, *, topology: bool = True) -> None:
 
 
 def load_problem(args) -> Problem:
-    from autopar.planner.cost import CostModel
-    from autopar.planner.fx_import import import_spec
-    from autopar.planner.profile_cache import ProfileCache, default_cache_path
-    from autopar.planner.topology_io import resolve_topology
+    from autopar.planner.cost import CostModel, ProfileCache, default_cache_path
+    from autopar.planner.hardware import resolve_topology
+    from autopar.planner.ir import import_spec
     from autopar.planner.zoo import parse_options
 
     spec = load_model_for_planning(args.model, **parse_options(args.model_opt))

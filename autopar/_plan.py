@@ -17,8 +17,7 @@ def run_plan(args) -> int:
     path = save_plan(result, args.out, problem.graph, problem.topology)
     if args.plot:
         from autopar.planner.plot import plot_strategy
-        from autopar.planner.taskgraph import TaskGraphBuilder
-        from autopar.planner.evaluate import simulate_strategy
+        from autopar.planner.sim import TaskGraphBuilder, simulate_strategy
         builder = TaskGraphBuilder(problem.graph, problem.topology, problem.cost)
         _, tl, tg = simulate_strategy(builder, result.strategy)
         plot_strategy(args.plot, problem.graph, problem.topology, result.strategy, tl, tg, builder=builder)

@@ -12,8 +12,7 @@ from ._common import emit_json
 def run_profile(args) -> int:
     import torch
 
-    from autopar.planner.profile_cache import ProfileCache, default_cache_path
-    from autopar.planner.profiler import profile_local
+    from autopar.planner.cost import ProfileCache, default_cache_path, profile_local
     from autopar.planner.zoo import parse_options
 
     topo = args.topology

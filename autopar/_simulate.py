@@ -6,9 +6,7 @@ import sys
 import time
 from typing import Any
 
-from autopar.planner.memory import check_fits
-from autopar.planner.taskgraph import TaskGraphBuilder
-from autopar.planner.evaluate import SimulationResult, simulate_strategy
+from autopar.planner.sim import SimulationResult, TaskGraphBuilder, check_fits, simulate_strategy
 
 from ._common import Problem, emit_json, fmt_bytes, fmt_seconds, load_problem, resolve_strategy
 

@@ -14,13 +14,13 @@ it; `redrawn_too_big` counts them, and ``--all-changes`` measures them too.
 Every change and every undo is applied with delta simulation (`DeltaSession.change`: update the
 task graph for that op, re-time incrementally) and timed.  `delta_ms` is the mean over changes and
 undos — what a search pays per step; an undo that exactly reverses the previous edit restores the
-old timeline without re-timing (see `planner.simulator`).  `proposal_ms` and `proposal_speedup`
+old timeline without re-timing (see `planner.sim.simulator`).  `proposal_ms` and `proposal_speedup`
 count the forward changes alone, the harder case.  At evenly spaced changes the changed
 strategy is also simulated in full (build the whole task
 graph and run Algorithm 1 — memory accounting, which both paths can skip, is not timed) and timed, and the two timelines are compared task by task; `agree` is true
 only if every compared timeline was identical.
 
-Each row runs in the garbage-collection regime of a search (`planner.gc_regime.frozen_heap`: the
+Each row runs in the garbage-collection regime of a search (`planner.sim.gc_regime.frozen_heap`: the
 long-lived heap frozen, and what a build or a change allocates frozen after it), for both paths
 alike: the full path's build and the delta path's changes are timed under the same collector.
 
@@ -41,16 +41,11 @@ import sys
 import time
 from typing import Any
 
-from autopar.planner.gc_regime import frozen_heap
 from autopar.planner.cost import CostModel
-from autopar.planner.fx_import import import_spec
-from autopar.planner.presets import get_preset
-from autopar.planner.simulator import simulate
-from autopar.planner.search._estimate import change_tasks
-from autopar.planner.search.mcmc import MAX_CHANGE_RATIO, SoapSpace
-from autopar.planner.strategy import data_parallel
-from autopar.planner.taskgraph import DeltaSession, TaskGraphBuilder
-from autopar.planner.evaluate import simulate_strategy
+from autopar.planner.hardware import get_preset
+from autopar.planner.ir import data_parallel, import_spec
+from autopar.planner.search import MAX_CHANGE_RATIO, SoapSpace, change_tasks
+from autopar.planner.sim import DeltaSession, TaskGraphBuilder, frozen_heap, simulate, simulate_strategy
 
 from ._common import load_model_for_planning
 

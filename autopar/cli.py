@@ -143,7 +143,7 @@ def _cmd_bench(args) -> int:
         doc = run_simulator_bench(quick=args.quick, seed=args.seed, progress=not args.json,
                                   uniform=args.uniform_placements, all_changes=args.all_changes)
     elif args.which == "search":
-        from autopar.planner.search.bench import bench_table, run_search_bench
+        from autopar.planner.search import bench_table, run_search_bench
         doc = run_search_bench(quick=args.quick, seed=args.seed, progress=not args.json)
         if not args.json:
             from rich.console import Console
@@ -175,7 +175,7 @@ def _cmd_models(args) -> int:
 
 
 def _cmd_topologies(args) -> int:
-    from autopar.planner.presets import get_preset, list_presets
+    from autopar.planner.hardware import get_preset, list_presets
     from ._common import emit_json
     rows = []
     for name in list_presets():

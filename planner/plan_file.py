@@ -32,11 +32,11 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .fileio import atomic_write
 from .errors import PlanFileError, StrategyError
-from .graph import OperatorGraph
-from .strategy import ParallelConfig, Strategy, check_config
-from .topology import DeviceTopology
+from .fileio import atomic_write
+from .hardware.topology import DeviceTopology
+from .ir.graph import OperatorGraph
+from .ir.strategy import ParallelConfig, Strategy, check_config
 
 API_VERSION = "autopar.dev/v1alpha1"
 KIND = "Strategy"

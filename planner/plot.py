@@ -21,9 +21,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from .graph import DimKind, Op, OperatorGraph
-from .strategy import Strategy
-from .topology import DeviceTopology
+from .hardware.topology import DeviceTopology
+from .ir.graph import DimKind, Op, OperatorGraph
+from .ir.strategy import Strategy
 
 MAX_LINK_ROWS = 24
 _KIND_COLORS = {"forward": "#4C72B0", "backward": "#DD8452", "comm": "#55A868", "sync": "#8172B3",
@@ -41,9 +41,9 @@ def plot_strategy(path: str | Path, graph: OperatorGraph, topology: DeviceTopolo
     import matplotlib.pyplot as plt
 
     if timeline is None or task_graph is None:
-        from .cost import CostModel
-        from .taskgraph import TaskGraphBuilder
-        from .evaluate import simulate_strategy
+        from .cost.model import CostModel
+        from .sim.evaluate import simulate_strategy
+        from .sim.taskgraph import TaskGraphBuilder
         builder = builder if builder is not None else TaskGraphBuilder(graph, topology, CostModel())
         _, timeline, task_graph = simulate_strategy(builder, strategy)
     rows, labels = _layers(graph)
@@ -190,7 +190,7 @@ def _draw_legend(fig, ax, topology, colors) -> None:
 def _timeline_rows(topology, timeline, task_graph) -> list[int]:
     n = topology.num_devices
     busy = timeline.busy()
-    # Links are resources n..n+L-1 (planner.taskgraph); anything else is the simulator's own.
+    # Links are resources n..n+L-1 (planner.sim.taskgraph); anything else is the simulator's own.
     links = sorted((r for r in busy if n <= r < n + len(topology.links)), key=lambda r: -busy[r])[:MAX_LINK_ROWS]
     return [d for d in range(n) if busy.get(d, 0.0) > 0] + sorted(links)
 

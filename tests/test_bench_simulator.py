@@ -23,10 +23,10 @@ def test_changes_mcmc_would_not_build_are_redrawn_unless_all_are_asked_for(monke
 
 
 def test_the_timed_full_build_does_not_find_what_the_change_just_memoized():
-    from autopar.planner.cost import CostModel
-    from autopar.planner.presets import get_preset
-    from autopar.planner.strategy import ParallelConfig, data_parallel
-    from autopar.planner.taskgraph import DeltaSession, TaskGraphBuilder
+    from autopar.planner.cost.model import CostModel
+    from autopar.planner.hardware.presets import get_preset
+    from autopar.planner.ir.strategy import ParallelConfig, data_parallel
+    from autopar.planner.sim.taskgraph import DeltaSession, TaskGraphBuilder
 
     from tests.planner.search._graphs import mlp
     graph = mlp()
@@ -41,8 +41,8 @@ def test_the_timed_full_build_does_not_find_what_the_change_just_memoized():
 
 
 def test_both_paths_are_timed_in_the_garbage_collection_regime_of_a_search(monkeypatch):
-    from autopar.planner import gc_regime
-    from autopar.planner.taskgraph import DeltaSession, TaskGraphBuilder
+    from autopar.planner.sim import gc_regime
+    from autopar.planner.sim.taskgraph import DeltaSession, TaskGraphBuilder
 
     frozen: dict[str, set] = {"full": set(), "delta": set()}
     build, change = TaskGraphBuilder.build, DeltaSession.change

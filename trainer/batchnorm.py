@@ -2,7 +2,7 @@
 
 Training-mode batch norm normalizes every channel with the mean and variance over *all* samples
 and positions.  When the op is split along n, h or w, the tasks that share a channel slice each see
-only part of them (the statistics are "cross-partition", `planner._opkinds_conv`).  Each such
+only part of them (the statistics are "cross-partition", `planner.ir.opkinds._conv`).  Each such
 task computes its per-channel partial sums (`kernels.batch_norm_partial_stats`); the partials of
 a rank's tasks are added, then all-reduced among the ranks that hold the slice; every task
 normalizes with the same global (mean, var).  The running statistics are updated from the global

@@ -11,7 +11,7 @@
     machine, with a large-vocabulary softmax whose weights dominate — trained through our
     runtime under data parallelism and under the plan the search finds for ``local:2``
     (`planner.search.plan`: MCMC from several starts, OptCNN's result among them) with op costs
-    measured on this machine first (`planner.profiler`, a private cache), measured.
+    measured on this machine first (`planner.cost.profiler`, a private cache), measured.
     ``searched_speedup`` = DP / searched (target ≥ 1.2), beside the simulator's prediction for
     both plans.
 
@@ -128,9 +128,7 @@ def _job(spec, graph, strategy) -> Job:
 def _measured_cost(model: str, options: dict, graph, repeats: int):
     """A cost model with this machine's measured op times for ``local:2`` (FlexFlow sec. 5.1 measures
     each op once per configuration), kept in a private cache so the benchmark has no side effects."""
-    from autopar.planner.cost import CostModel
-    from autopar.planner.profile_cache import ProfileCache
-    from autopar.planner.profiler import profile_local
+    from autopar.planner.cost import CostModel, ProfileCache, profile_local
     with tempfile.TemporaryDirectory(prefix="autopar-bench-") as d:
         cache = ProfileCache.load(Path(d) / "profile.json")
         report = profile_local([model], workers=2, options=options, cache=cache, repeats=repeats, warmup=2)
@@ -146,16 +144,14 @@ def _searched(graph, topology, cost, budget_s: float):
 
 
 def _simulated(graph, topology, cost, strategy) -> float:
-    from autopar.planner.taskgraph import TaskGraphBuilder
-    from autopar.planner.evaluate import simulate_strategy
+    from autopar.planner.sim import TaskGraphBuilder, simulate_strategy
     return simulate_strategy(TaskGraphBuilder(graph, topology, cost, _OPT.name), strategy)[0].step_time
 
 
 def run_runtime_bench(quick: bool = False) -> dict[str, Any]:
     """Both measurements; the returned dict is the JSON of `autopar bench runtime`."""
-    from autopar.planner.fx_import import import_spec
-    from autopar.planner.presets import get_preset
-    from autopar.planner.strategy import data_parallel
+    from autopar.planner.hardware import get_preset
+    from autopar.planner.ir import data_parallel, import_spec
 
     cfg = _settings(quick)
     world = 2

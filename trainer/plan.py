@@ -8,7 +8,7 @@ and a fixed list of gradient all-reduce buckets per op.  Because the plan is a p
 its inputs, every rank issues its communication in one global order and no collective can ever be
 matched against a different one on another rank.
 
-The moves are the communication tasks of the simulator (`planner.taskgraph`, FlexFlow sec. 5.1):
+The moves are the communication tasks of the simulator (`planner.sim.taskgraph`, FlexFlow sec. 5.1):
 for every edge producer → consumer and every pair (producer task, consumer device) whose regions
 intersect — the consumer's region includes its convolution halo — the intersection moves once,
 however many consumer tasks on that device read it.  Gradients move back along the same pieces.
@@ -21,9 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from autopar.planner.graph import Op, OperatorGraph
-from autopar.planner.regions import Box, Range, intersect, volume
-from autopar.planner.strategy import Strategy
+from autopar.planner.ir import Box, Op, OperatorGraph, Range, Strategy, intersect, volume
 
 _FLOAT = ("float64", "float32", "float16", "bfloat16")
 

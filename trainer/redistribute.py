@@ -1,6 +1,6 @@
 """Moving tensor regions between two partitionings, forward and backward.
 
-A consumer task reads one box of each input (with its convolution halo, `planner.graph.AxisMap`);
+A consumer task reads one box of each input (with its convolution halo, `planner.ir.graph.AxisMap`);
 the producer's tasks each hold one box of that tensor.  The pieces that move are exactly the
 intersections (FlexFlow sec. 5.1), planned once in `trainer.plan.InputRoute`: one message per
 (source device, destination device) carries that pair's pieces back to back, so a piece several
@@ -24,7 +24,7 @@ from typing import Mapping, Sequence
 
 import torch
 
-from autopar.planner.regions import Box, translate, volume
+from autopar.planner.ir import Box, translate, volume
 
 from .plan import ExecutionPlan, InputRoute, Move
 

@@ -5,7 +5,7 @@ between differently partitioned ops; this is the same on `torch.distributed`.  E
 
 1. **Forward**, op by op in graph order: receive the input pieces its tasks need
    (`trainer.redistribute`, point to point, batched), assemble every local task's input boxes
-   (halos included), and run the op's task kernel (`planner.kernels.forward_task`, the code the
+   (halos included), and run the op's task kernel (`planner.ir.kernels.forward_task`, the code the
    profiler measures) on them with its parameter shards.  Several tasks of one op on one rank run
    one after another.  Batch norm with batch statistics reduces its partial statistics among the
    ranks that share a channel slice before normalizing (`trainer.batchnorm`).
@@ -32,9 +32,7 @@ from typing import Mapping
 import torch
 import torch.distributed as dist
 
-from autopar.planner.graph import Op, OperatorGraph
-from autopar.planner.regions import translate
-from autopar.planner.strategy import Strategy
+from autopar.planner.ir import Op, OperatorGraph, Strategy, translate
 
 from . import batchnorm
 from .comm import ProcessGroups, exchange_many, wait_all
@@ -84,7 +82,7 @@ class Runtime:
     def __init__(self, graph: OperatorGraph, strategy: Strategy, module: torch.nn.Module, *, rank: int,
                  world_size: int, groups: ProcessGroups, device: torch.device | str = "cpu",
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, fuse: bool = True):
-        from autopar.planner import kernels  # the planner's task kernels (shared with the profiler)
+        from autopar.planner.ir import kernels  # the planner's task kernels (shared with the profiler)
         self.kernels = kernels
         self.graph = graph
         self.strategy = strategy

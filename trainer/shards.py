@@ -1,6 +1,6 @@
 """Parameter shards: the part of every parameter a rank holds, sliced from one full initialisation.
 
-A parameter's *view* (`planner.graph.ParamSpec.view`, e.g. an LSTM weight (4H, I) seen as
+A parameter's *view* (`planner.ir.graph.ParamSpec.view`, e.g. an LSTM weight (4H, I) seen as
 (4, H, I)) is the space partitioning works in.  A rank holds, for every parameter its tasks read,
 one dense tensor covering the bounding box of the view regions those tasks read (for every
 equal-partition configuration the union is the box itself; when two ops sharing a parameter are
@@ -20,11 +20,10 @@ from typing import Callable, Mapping
 
 import torch
 
-from autopar.planner.graph import OperatorGraph
-from autopar.planner.regions import Box, full_box, translate, volume
+from autopar.planner.ir import Box, OperatorGraph, full_box, translate, volume
 
+from autopar.planner.ir import cells
 from .comm import exchange, wait_all
-from autopar.planner.regions import cells
 
 from .plan import ExecutionPlan, bounding_box
 from .redistribute import shape_of

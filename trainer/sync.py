@@ -1,13 +1,13 @@
 """Parameter shard synchronization: all-reduce each gradient cell among the devices that hold it.
 
-Which devices synchronize what is the simulator's model (`planner.taskgraph._sync_groups`,
+Which devices synchronize what is the simulator's model (`planner.sim._plans._sync_groups`,
 FlexFlow sec. 5.1 "parameter synchronization"): the union of the parameter regions every device's
 tasks read is cut into cells; a cell held by several devices is all-reduced among exactly those
 devices.  Data parallelism gives one cell (the whole parameter) held by all replicas; splitting a
 parameter dimension gives one cell per shard, held by the replicas of that shard only; a shard
 held by one device needs no synchronization.
 
-The loss is divided by the global batch in every task (`planner.kernels`), so the all-reduce sums.
+The loss is divided by the global batch in every task (`planner.ir.kernels`), so the all-reduce sums.
 
 Ordering.  A parameter's gradient is final on a rank after the backward pass of its *first* user
 in graph order (ops that share it — unrolled recurrent steps — have all added their part by
@@ -26,10 +26,9 @@ from typing import TYPE_CHECKING, Mapping
 import torch
 import torch.distributed as dist
 
-from autopar.planner.graph import DTYPE_BYTES
-from autopar.planner.regions import Box, translate, volume
+from autopar.planner.ir import DTYPE_BYTES, Box, translate, volume
 
-from autopar.planner.regions import cells
+from autopar.planner.ir import cells
 
 from .plan import ExecutionPlan
 

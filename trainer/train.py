@@ -25,8 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from autopar.planner.graph import OperatorGraph, TensorSpec
-from autopar.planner.strategy import Strategy
+from autopar.planner.ir import OperatorGraph, Strategy, TensorSpec
 
 from . import checkpoint as ckpt
 from .comm import ProcessGroups
@@ -103,8 +102,8 @@ def with_dtype(spec, dtype: str | None):
 
 def prepare(cfg: TrainConfig, world: int, check: bool = True) -> Job:
     """Build the model, import its graph, resolve and check the plan, predict its step time."""
-    from autopar.planner.fx_import import import_spec
-    from autopar.planner.topology_io import resolve_topology
+    from autopar.planner.hardware import resolve_topology
+    from autopar.planner.ir import import_spec
     from autopar.planner.zoo import load_model
 
     spec = with_dtype(load_model(cfg.model, **cfg.model_options), cfg.dtype)
@@ -154,10 +153,8 @@ def predict(graph: OperatorGraph, topology, strategy: Strategy, cfg: TrainConfig
     try:
         from pathlib import Path
 
-        from autopar.planner.cost import CostModel
-        from autopar.planner.profile_cache import ProfileCache, default_cache_path
-        from autopar.planner.taskgraph import TaskGraphBuilder
-        from autopar.planner.evaluate import simulate_strategy
+        from autopar.planner.cost import CostModel, ProfileCache, default_cache_path
+        from autopar.planner.sim import TaskGraphBuilder, simulate_strategy
         path = Path(cfg.profile_cache) if cfg.profile_cache else default_cache_path()
         cost = CostModel(ProfileCache.load(path)).bind(graph)
         builder = TaskGraphBuilder(graph, topology, cost, cfg.optimizer.name)

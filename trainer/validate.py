@@ -5,7 +5,7 @@ plan costs a second, not a crashed job:
 
 1. the plan configures exactly the graph's ops with degrees that divide their dims, and places
    every task on a rank of the job (`Strategy.validate`);
-2. every op kind has a task kernel (`planner.kernels.KERNEL_KINDS`);
+2. every op kind has a task kernel (`planner.ir.kernels.KERNEL_KINDS`);
 3. random factories (``torch.rand`` and friends) are not split: shards would draw different
    numbers than the whole op, so no plan could train like one device;
 4. the model's parameters have values (not a ``meta``-device model) of the graph's dtypes;
@@ -22,8 +22,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from autopar.planner.errors import StrategyError
-from autopar.planner.graph import OperatorGraph
-from autopar.planner.strategy import Strategy
+from autopar.planner.ir import OperatorGraph, Strategy
 
 from .errors import PlanRefusedError
 from .redistribute import shape_of
@@ -34,7 +33,7 @@ _RANDOM_FILLS = ("rand", "randn")
 def check_plan(graph: OperatorGraph, strategy: Strategy, world_size: int, module: torch.nn.Module | None = None,
                dry_run: bool = True) -> None:
     """Raise `PlanRefusedError` when `strategy` cannot train `graph` on `world_size` ranks."""
-    from autopar.planner import kernels
+    from autopar.planner.ir import kernels
     try:
         strategy.validate(graph, world_size)
     except StrategyError as e:

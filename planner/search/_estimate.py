@@ -2,7 +2,7 @@
 
 Two tasks (forward and backward) per op task, and two per route hop of every piece of a tensor
 that crosses devices (the forward transfer and the gradient back, each a task with a part per
-link of its route), as `planner.taskgraph` builds them — counted in placements
+link of its route), as `planner.sim.taskgraph` builds them — counted in placements
 (`TaskGraph.placements`: a task once per resource it occupies); ring all-reduces (linear in the
 replicas) are left out.  The search uses it to skip work
 whose build alone would eat its time budget: a random start at 64 GPUs (millions of tasks) or a
@@ -14,8 +14,8 @@ from __future__ import annotations
 import math
 from typing import Mapping
 
-from ..strategy import ParallelConfig, Strategy
-from ..taskgraph import TaskGraphBuilder
+from ..ir.strategy import ParallelConfig, Strategy
+from ..sim.taskgraph import TaskGraphBuilder
 
 
 def edge_tasks(builder: TaskGraphBuilder, op_name: str, j: int, cfg: ParallelConfig, pcfg: ParallelConfig) -> int:

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import math
 
-from ..strategy import ParallelConfig
-from ..taskgraph import TaskGraphBuilder
+from ..ir.strategy import ParallelConfig
+from ..sim.taskgraph import TaskGraphBuilder
 from ._exhaustive_static import NEG, TICK, Prefix, Static
 from ._exhaustive_tails import round_trips
 from ._exhaustive_windows import window

@@ -2,7 +2,7 @@
 
 Computed once per search (`Static`), used by `planner.search.exhaustive` and
 `planner.search._exhaustive_windows`.  Each is a property of the task graph `TaskGraphBuilder`
-builds (see `planner.taskgraph`), whatever the configurations:
+builds (see `planner.sim.taskgraph`), whatever the configurations:
 
 * ``every_reads[(v, j)]`` — every task of op v reads a non-empty part of input j, so its
   backward task sends a gradient to some task of the producer (exact, from the axis maps: the
@@ -24,17 +24,18 @@ builds (see `planner.taskgraph`), whatever the configurations:
   l: per ordered device pair routed over l, at most (tasks of the producer per device) transfers
   of at most the whole tensor.
 
-All durations include the simulator's 1 ns floor for free tasks (`taskgraph._MIN_TASK_SECONDS`).
+All durations include the simulator's 1 ns floor for free tasks (`sim.MIN_TASK_SECONDS`).
 """
 
 from __future__ import annotations
 
 import math
 
-from ..strategy import ParallelConfig, degree_choices
-from ..taskgraph import _MIN_TASK_SECONDS, TaskGraphBuilder, _union_volume
+from ..ir.regions import union_volume
+from ..ir.strategy import ParallelConfig, degree_choices
+from ..sim import MIN_TASK_SECONDS, TaskGraphBuilder
 
-TICK = _MIN_TASK_SECONDS
+TICK = MIN_TASK_SECONDS
 #: Margin for strict comparisons between bounds summed in different orders (times are ~1e-4 s,
 #: rounding errors ~1e-19 s; real gaps are either 0 or at least a nanosecond).
 EPS = 1e-15
@@ -175,7 +176,7 @@ class Static:
         spec = self.g.param_specs[param]
         itemsize = spec.nbytes // max(1, math.prod(spec.shape))
         devices = b.topology.devices
-        upd = {d: max(b.cost.update_time(_union_volume(boxes) * itemsize, devices[d], b.optimizer), TICK)
+        upd = {d: max(b.cost.update_time(union_volume(boxes) * itemsize, devices[d], b.optimizer), TICK)
                for d, boxes in b.holdings(prefix, param).items()}
         return Rings(param, self.pindex[param], groups, upd)
 

@@ -21,8 +21,8 @@ layouts pays for it in its bound before they are placed.
 
 from __future__ import annotations
 
-from ..regions import volume
-from ..strategy import ParallelConfig
+from ..ir.regions import volume
+from ..ir.strategy import ParallelConfig
 from ._exhaustive_static import Static
 
 #: Above this many (producer, consumer) configuration pairs the table is not built (the bound

@@ -2,7 +2,7 @@
 
 A bound that holds for every schedule cannot see this: an optimal scheduler would run parameter
 updates (which nothing waits for) last and let gradients overtake all-reduce rings.  The
-simulator runs every resource in FIFO order of (ready time, key) (`planner.simulator`), so an
+simulator runs every resource in FIFO order of (ready time, key) (`planner.sim.simulator`), so an
 update ready before a backward task on its device runs first, and a gradient ready after a ring
 on its link waits for it.  On one P100 node that costs data parallelism 16 us of LeNet's 332 us
 step, and a misplaced gradient can cost 25 us behind a ring; without it every strategy within

@@ -1,6 +1,6 @@
 """Peak memory per device, kept up to date under one-op changes (for MCMC's proposals).
 
-`planner.memory.peak_memory` sums three kinds of contributions: the parameter state each device
+`planner.sim.memory.peak_memory` sums three kinds of contributions: the parameter state each device
 holds (per parameter), the output shards of each op's tasks (per op) and the input pieces each
 op receives from other devices (per input edge).  A one-op change touches only its own outputs,
 its input and output edges and its parameters, so `MemoryTracker.change` recomputes exactly those
@@ -9,10 +9,10 @@ and adjusts the totals; the result equals `peak_memory` of the new strategy (tes
 
 from __future__ import annotations
 
-from ..graph import OperatorGraph
-from ..regions import volume
-from ..strategy import ParallelConfig, Strategy
-from ..taskgraph import OPTIMIZER_STATES, TaskGraphBuilder, _union_volume
+from ..ir.graph import OperatorGraph
+from ..ir.regions import union_volume, volume
+from ..ir.strategy import ParallelConfig, Strategy
+from ..sim.taskgraph import OPTIMIZER_STATES, TaskGraphBuilder
 
 
 class MemoryTracker:
@@ -92,11 +92,11 @@ class MemoryTracker:
             self.total[d] += v
         self._parts[key] = part
 
-    # -- contributions (the same arithmetic as planner.memory.peak_memory) ---------------------
+    # -- contributions (the same arithmetic as planner.sim.memory.peak_memory) ---------------------
     def _param(self, name: str) -> dict[int, int]:
         spec = self.graph.param_specs[name]
         itemsize = spec.nbytes // max(1, volume(tuple((0, s) for s in spec.shape)))
-        return {dev: self._factor * _union_volume(boxes) * itemsize
+        return {dev: self._factor * union_volume(boxes) * itemsize
                 for dev, boxes in self.builder.holdings(self.strategy, name).items()}
 
     def _outputs(self, op_name: str) -> dict[int, int]:

@@ -28,10 +28,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..cost import CostModel, graph_input_shapes
-from ..graph import AxisMap, Op, OperatorGraph
-from ..strategy import ParallelConfig, enumerate_configs
-from ..topology import DeviceTopology
+from ..cost.model import CostModel, graph_input_shapes
+from ..hardware.topology import DeviceTopology
+from ..ir.graph import AxisMap, Op, OperatorGraph
+from ..ir.strategy import ParallelConfig, enumerate_configs
 
 
 def optcnn_configs(op: Op, num_devices: int, max_tasks: int | None, placements: str = "aligned") -> list[ParallelConfig]:

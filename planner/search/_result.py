@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ..strategy import Strategy
+from ..ir.strategy import Strategy
 from .mcmc import ChainResult
 from .optcnn import OptCNNResult
 

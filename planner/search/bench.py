@@ -22,8 +22,8 @@ from __future__ import annotations
 import time
 from typing import Callable, Sequence
 
-from ..cost import CostModel
-from ..presets import get_preset
+from ..cost.model import CostModel
+from ..hardware.presets import get_preset
 from ..zoo import list_models
 from .plan import CANDIDATES, PlanResult, plan
 
@@ -43,7 +43,7 @@ def load_graph(name: str):
     """A zoo model's operator graph at paper scale (fake tensors, meta parameters)."""
     import torch
 
-    from ..fx_import import import_spec
+    from ..ir.fx_import import import_spec
     from ..zoo import get_model
     with torch.device("meta"):
         return import_spec(get_model(name))

@@ -51,11 +51,11 @@ from __future__ import annotations
 import itertools
 import math
 
-from ..cost import kind_class
+from ..cost.model import kind_class
 from ..errors import StrategyError
-from ..graph import DimKind, Op, OperatorGraph
-from ..strategy import ParallelConfig, Strategy, check_config
-from ..taskgraph import TaskGraphBuilder
+from ..ir.graph import DimKind, Op, OperatorGraph
+from ..ir.strategy import ParallelConfig, Strategy, check_config
+from ..sim.taskgraph import TaskGraphBuilder
 
 DEFAULT_SPREAD = 2.0
 DEFAULT_ALPHA = 1.0

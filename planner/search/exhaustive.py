@@ -10,9 +10,9 @@ delta simulation along the search path (siblings differ in one op) and must fit 
 Pruning never loses a faster strategy (up to a relative 1e-12, the margin that absorbs rounding
 between bounds and simulated times), so the result is optimal.
 
-Every bound below holds for the simulator's semantics (`planner.simulator`: a task starts when
+Every bound below holds for the simulator's semantics (`planner.sim.simulator`: a task starts when
 all its predecessors have ended and its resource is free, resources run FIFO by (ready, key))
-and the task graph `planner.taskgraph` builds; durations include its 1 ns floor.
+and the task graph `planner.sim.taskgraph` builds; durations include its 1 ns floor.
 
 * **Load.**  Every device and link runs all its tasks: compute of the configured ops, both
   directions of transfers between them, rings and updates of parameters whose users are all
@@ -54,9 +54,9 @@ import time
 from dataclasses import dataclass
 from typing import Iterable
 
-from ..graph import OperatorGraph
-from ..strategy import ParallelConfig, Strategy, degree_choices, enumerate_configs
-from ..taskgraph import DeltaSession, TaskGraphBuilder
+from ..ir.graph import OperatorGraph
+from ..ir.strategy import ParallelConfig, Strategy, degree_choices, enumerate_configs
+from ..sim.taskgraph import DeltaSession, TaskGraphBuilder
 from ._exhaustive_bound import Bounds, Placed
 from ._memtrack import MemoryTracker
 

@@ -26,11 +26,11 @@ from typing import Callable
 
 import networkx as nx
 
-from ..cost import kind_class
+from ..cost.model import kind_class
 from ..errors import StrategyError
-from ..graph import DimKind, Op, OperatorGraph
-from ..strategy import ParallelConfig, Strategy, check_config, data_parallel, model_parallel, single_device
-from ..topology import DeviceTopology
+from ..hardware.topology import DeviceTopology
+from ..ir.graph import DimKind, Op, OperatorGraph
+from ..ir.strategy import ParallelConfig, Strategy, check_config, data_parallel, model_parallel, single_device
 from .layer_blocks import layer_blocks  # noqa: F401  (re-exported: an expert-style start)
 
 

@@ -57,9 +57,9 @@ from __future__ import annotations
 import math
 
 from ..errors import StrategyError
-from ..graph import DimKind, Op, OperatorGraph
-from ..strategy import ParallelConfig, Strategy, check_config
-from ..topology import DeviceTopology
+from ..hardware.topology import DeviceTopology
+from ..ir.graph import DimKind, Op, OperatorGraph
+from ..ir.strategy import ParallelConfig, Strategy, check_config
 from .mcmc import layers_of
 
 

@@ -68,10 +68,10 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..errors import SimulationError, StrategyError
-from ..graph import Op, OperatorGraph
-from ..strategy import (ParallelConfig, Strategy, block_config, block_shift, check_config, placement_move,
-                        random_config)
-from ..taskgraph import DeltaSession, TaskGraphBuilder
+from ..ir.graph import Op, OperatorGraph
+from ..ir.strategy import (ParallelConfig, Strategy, block_config, block_shift, check_config, placement_move,
+                           random_config)
+from ..sim.taskgraph import DeltaSession, TaskGraphBuilder
 from ._estimate import change_tasks
 from ._memtrack import MemoryTracker
 

@@ -9,11 +9,11 @@ dynamic programming (OptCNN sec. 5).  It sits on top of the search package: the 
 
 from __future__ import annotations
 
-from ..cost import CostModel
+from ..cost.model import CostModel
 from ..errors import StrategyError
-from ..graph import OperatorGraph
-from ..strategy import Strategy
-from ..topology import DeviceTopology
+from ..hardware.topology import DeviceTopology
+from ..ir.graph import OperatorGraph
+from ..ir.strategy import Strategy
 from .experts import RULES, Rule
 from .optcnn import optcnn
 from .plan import placement_strategy

@@ -32,11 +32,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..cost import CostModel
+from ..cost.model import CostModel
 from ..errors import StrategyError
-from ..graph import OperatorGraph
-from ..strategy import Strategy
-from ..topology import DeviceTopology
+from ..hardware.topology import DeviceTopology
+from ..ir.graph import OperatorGraph
+from ..ir.strategy import Strategy
 from ._elimination import DEFAULT_MAX_WORK, EliminationStats, EliminationTooLarge, PairwiseProblem, plan_order, solve
 from ._optcnn_tables import Tables
 

@@ -42,21 +42,21 @@ import random
 import sys
 import time
 
-from ..gc_regime import frozen_heap
-from ..cost import CostModel
+from ..cost.model import CostModel
 from ..errors import OutOfMemoryError, StrategyError
-from ..graph import OperatorGraph
-from ..memory import check_fits
-from ..strategy import Strategy, random_config, single_device
-from ..taskgraph import OPTIMIZER_STATES, DeltaSession, TaskGraphBuilder
-from ..evaluate import simulate_strategy
-from ..topology import DeviceTopology
+from ..hardware.topology import DeviceTopology
+from ..ir.graph import OperatorGraph
+from ..ir.strategy import Strategy, random_config, single_device
+from ..sim.evaluate import simulate_strategy
+from ..sim.gc_regime import frozen_heap
+from ..sim.memory import check_fits
+from ..sim.taskgraph import OPTIMIZER_STATES, DeltaSession, TaskGraphBuilder
 from . import experts
 from ._estimate import estimate_tasks
 from ._memtrack import MemoryTracker
 from ._result import Candidate, PlanResult, _bytes
-from .mcmc import DEFAULT_BETA_REL, ChainResult, SoapSpace, run_chain
 from .branches import balanced_branches, branch_placement
+from .mcmc import DEFAULT_BETA_REL, ChainResult, SoapSpace, run_chain
 from .optcnn import OptCNNResult, optcnn
 
 DEFAULT_STARTS = ("data-parallel", "expert", "optcnn", "layer-blocks", "branches", "random")

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import AutoparError
-from ..graph import TensorSpec
+from ..ir.graph import TensorSpec
 
 LOSSES = ("cross_entropy",)
 

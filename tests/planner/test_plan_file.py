@@ -6,9 +6,9 @@ import pytest
 import yaml
 
 from autopar.planner.errors import PlanFileError
+from autopar.planner.hardware.presets import get_preset
+from autopar.planner.ir.strategy import data_parallel, model_parallel
 from autopar.planner.plan_file import load_plan, read_plan, save_plan
-from autopar.planner.presets import get_preset
-from autopar.planner.strategy import data_parallel, model_parallel
 
 from .search._graphs import diamond, mlp
 

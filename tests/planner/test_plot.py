@@ -2,9 +2,9 @@
 
 import pytest
 
+from autopar.planner.hardware.presets import get_preset
+from autopar.planner.ir.strategy import data_parallel, model_parallel
 from autopar.planner.plot import _grid, _layers, plot_strategy
-from autopar.planner.presets import get_preset
-from autopar.planner.strategy import data_parallel, model_parallel
 
 from .search._graphs import rnn
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from autopar.planner.fx_import import import_spec
+from autopar.planner.ir.fx_import import import_spec
 from autopar.trainer.comm import ProcessGroups
 from autopar.trainer.data import SyntheticData
 from autopar.trainer.launch import run_local

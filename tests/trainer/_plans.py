@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import random
 
-from autopar.planner.graph import DimKind, Op, OperatorGraph
-from autopar.planner.strategy import ParallelConfig, Strategy, data_parallel, model_parallel, random_config
+from autopar.planner.ir.graph import DimKind, Op, OperatorGraph
+from autopar.planner.ir.strategy import ParallelConfig, Strategy, data_parallel, model_parallel, random_config
 
 
 def _split(op: Op, n: int, order: list[DimKind]) -> tuple[int, ...]:
@@ -92,8 +92,8 @@ def searched(graph: OperatorGraph, n: int) -> Strategy | None:
     """The plan the search finds for `local:n`, bounded by proposal count so it is reproducible
     (None when the search is not installed)."""
     try:
-        from autopar.planner.cost import CostModel
-        from autopar.planner.presets import get_preset
+        from autopar.planner.cost.model import CostModel
+        from autopar.planner.hardware.presets import get_preset
         from autopar.planner.search import plan
     except ImportError:
         return None

@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from autopar.planner.fx_import import import_spec
+from autopar.planner.ir.fx_import import import_spec
 from autopar.planner.zoo.registry import get_model
 from autopar.trainer import checkpoint as ckpt
 from autopar.trainer.errors import CheckpointError

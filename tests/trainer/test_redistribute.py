@@ -8,9 +8,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autopar.planner.graph import WHOLE, AxisMap, DimKind, Op, OperatorGraph, ParDim, TensorRef, TensorSpec, same
-from autopar.planner.regions import translate
-from autopar.planner.strategy import ParallelConfig, Strategy
+from autopar.planner.ir.graph import WHOLE, AxisMap, DimKind, Op, OperatorGraph, ParDim, TensorRef, TensorSpec, same
+from autopar.planner.ir.regions import translate
+from autopar.planner.ir.strategy import ParallelConfig, Strategy
 from autopar.trainer.plan import ExecutionPlan
 from autopar.trainer.redistribute import (GradAccumulator, RouteView, backward_accumulate, backward_sends,
                                           forward_inputs, forward_sends, shape_of)

@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch import nn
 
-from autopar.planner.fx_import import import_model, import_spec
-from autopar.planner.graph import WHOLE, DimKind, Op, OperatorGraph, ParDim, TensorRef, TensorSpec
-from autopar.planner.strategy import ParallelConfig, Strategy, data_parallel, single_device
+from autopar.planner.ir.fx_import import import_model, import_spec
+from autopar.planner.ir.graph import WHOLE, DimKind, Op, OperatorGraph, ParDim, TensorRef, TensorSpec
+from autopar.planner.ir.strategy import ParallelConfig, Strategy, data_parallel, single_device
 from autopar.planner.zoo.registry import get_model
 from autopar.trainer.errors import PlanRefusedError
 from autopar.trainer.train import train_main

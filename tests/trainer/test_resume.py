@@ -8,7 +8,7 @@ import shutil
 import pytest
 import torch
 
-from autopar.planner.fx_import import import_spec
+from autopar.planner.ir.fx_import import import_spec
 from autopar.trainer import checkpoint as ckpt
 from autopar.trainer.optim import OptimizerConfig
 from autopar.trainer.train import train_main

@@ -5,10 +5,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autopar.planner.graph import WHOLE, DimKind, Op, OperatorGraph, ParamSpec, ParDim, TensorRef, TensorSpec, same
-from autopar.planner.regions import intersect, volume
-from autopar.planner.strategy import ParallelConfig, Strategy
-from autopar.planner.regions import cells
+from autopar.planner.ir.graph import WHOLE, DimKind, Op, OperatorGraph, ParamSpec, ParDim, TensorRef, TensorSpec, same
+from autopar.planner.ir.regions import cells, intersect, volume
+from autopar.planner.ir.strategy import ParallelConfig, Strategy
 from autopar.trainer.plan import ExecutionPlan
 from autopar.trainer.sync import plan_buckets
 

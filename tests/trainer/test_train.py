@@ -8,10 +8,10 @@ import json
 import pytest
 
 from autopar.planner.errors import PlanFileError
-from autopar.planner.fx_import import import_spec
+from autopar.planner.hardware.presets import get_preset
+from autopar.planner.ir.fx_import import import_spec
+from autopar.planner.ir.strategy import model_parallel
 from autopar.planner.plan_file import save_plan
-from autopar.planner.presets import get_preset
-from autopar.planner.strategy import model_parallel
 from autopar.planner.zoo.registry import get_model
 from autopar.trainer.train import add_train_args, config_from, format_summary, train_main
 

@@ -7,8 +7,8 @@ import functools
 import torch
 from torch import nn
 
-from autopar.planner.fx_import import import_model
-from autopar.planner.graph import OperatorGraph, TensorSpec
+from autopar.planner.ir.fx_import import import_model
+from autopar.planner.ir.graph import OperatorGraph, TensorSpec
 
 
 class _MLP(nn.Module):
@@ -75,7 +75,7 @@ def rnn(batch: int = 4, width: int = 4, steps: int = 2) -> OperatorGraph:
 
 @functools.lru_cache(maxsize=None)
 def zoo(name: str, **options) -> OperatorGraph:
-    from autopar.planner.fx_import import import_spec
+    from autopar.planner.ir.fx_import import import_spec
     from autopar.planner.zoo import get_model
     with torch.device("meta"):
         return import_spec(get_model(name, **options))

@@ -8,14 +8,14 @@ import random
 
 import pytest
 
-from autopar.planner.cost import CostModel
-from autopar.planner.graph import DimKind
-from autopar.planner.presets import get_preset
+from autopar.planner.cost.model import CostModel
+from autopar.planner.hardware.presets import get_preset
+from autopar.planner.ir.graph import DimKind
 from autopar.planner.search.branches import (_best_blocks, balanced_branches, branch_placement, module_branches,
-                                              node_blocks)
-from autopar.planner.strategy import data_parallel
-from autopar.planner.taskgraph import TaskGraphBuilder
-from autopar.planner.evaluate import simulate_strategy
+                                             node_blocks)
+from autopar.planner.ir.strategy import data_parallel
+from autopar.planner.sim.evaluate import simulate_strategy
+from autopar.planner.sim.taskgraph import TaskGraphBuilder
 
 from ._graphs import zoo
 

@@ -4,11 +4,11 @@ import random
 
 import pytest
 
-from autopar.planner.cost import CostModel
-from autopar.planner.presets import get_preset
+from autopar.planner.cost.model import CostModel
+from autopar.planner.hardware.presets import get_preset
+from autopar.planner.ir.strategy import Strategy, block_config, data_parallel, random_config
 from autopar.planner.search._estimate import change_tasks, estimate_tasks
-from autopar.planner.strategy import Strategy, block_config, data_parallel, random_config
-from autopar.planner.taskgraph import TaskGraphBuilder
+from autopar.planner.sim.taskgraph import TaskGraphBuilder
 
 from ._graphs import diamond, mlp, rnn
 

@@ -13,13 +13,14 @@ import time
 
 import pytest
 
-from autopar.planner.cost import CostModel
-from autopar.planner.presets import get_preset
+from autopar.planner.cost.model import CostModel
+from autopar.planner.hardware.presets import get_preset
+from autopar.planner.ir.strategy import Strategy, data_parallel, single_device
 from autopar.planner.search._exhaustive_windows import window
 from autopar.planner.search.exhaustive import _Search, all_configs, devices_interchangeable, exhaustive_search
 from autopar.planner.search.mcmc import run_chain
-from autopar.planner.strategy import Strategy, data_parallel, single_device
-from autopar.planner.taskgraph import DeltaSession, TaskGraphBuilder, bwd_key, fwd_key
+from autopar.planner.sim._plans import bwd_key, fwd_key
+from autopar.planner.sim.taskgraph import DeltaSession, TaskGraphBuilder
 
 from ._graphs import diamond, mlp, rnn
 

@@ -4,10 +4,10 @@ import random
 
 import pytest
 
-from autopar.planner.search import list_named, named_strategy
 from autopar.planner.errors import StrategyError
-from autopar.planner.graph import DimKind
-from autopar.planner.presets import get_preset
+from autopar.planner.hardware.presets import get_preset
+from autopar.planner.ir.graph import DimKind
+from autopar.planner.search import list_named, named_strategy
 from autopar.planner.search.experts import PlacementSpace, expert_cnn, expert_rnn, layer_depths
 
 from ._graphs import mlp, rnn, zoo

@@ -3,13 +3,13 @@ with them, the heavy softmax split by channel on the first layer's block."""
 
 import pytest
 
-from autopar.planner.cost import CostModel
-from autopar.planner.graph import DimKind
-from autopar.planner.presets import get_preset
+from autopar.planner.cost.model import CostModel
+from autopar.planner.hardware.presets import get_preset
+from autopar.planner.ir.graph import DimKind
+from autopar.planner.ir.strategy import ParallelConfig, Strategy, data_parallel
 from autopar.planner.search.layer_blocks import layer_blocks, recurrent_layers
-from autopar.planner.strategy import ParallelConfig, Strategy, data_parallel
-from autopar.planner.taskgraph import TaskGraphBuilder
-from autopar.planner.evaluate import simulate_strategy
+from autopar.planner.sim.evaluate import simulate_strategy
+from autopar.planner.sim.taskgraph import TaskGraphBuilder
 
 from ._graphs import zoo
 

@@ -5,15 +5,15 @@ import random
 
 import pytest
 
-from autopar.planner.cost import CostModel
-from autopar.planner.memory import peak_memory
-from autopar.planner.presets import get_preset
+from autopar.planner.cost.model import CostModel
+from autopar.planner.hardware.presets import get_preset
+from autopar.planner.ir.strategy import ParallelConfig, data_parallel, random_config, single_device
 from autopar.planner.search._memtrack import MemoryTracker
 from autopar.planner.search.experts import PlacementSpace
 from autopar.planner.search.mcmc import accept, run_chain
-from autopar.planner.strategy import ParallelConfig, data_parallel, random_config, single_device
-from autopar.planner.taskgraph import TaskGraphBuilder
-from autopar.planner.evaluate import simulate_strategy
+from autopar.planner.sim.evaluate import simulate_strategy
+from autopar.planner.sim.memory import peak_memory
+from autopar.planner.sim.taskgraph import TaskGraphBuilder
 
 from ._graphs import diamond, mlp, rnn, zoo
 
@@ -139,7 +139,7 @@ def test_a_layer_move_re_simulates_to_what_full_simulation_says():
     graph = rnn(steps=3)
     b = TaskGraphBuilder(graph, get_preset("p100-1x4"), CostModel())
     from autopar.planner.search.mcmc import layers_of
-    from autopar.planner.taskgraph import DeltaSession
+    from autopar.planner.sim.taskgraph import DeltaSession
     session = DeltaSession(b, data_parallel(graph, 4))
     cells = layers_of(graph)[next(op.name for op in graph.ops if op.kind == "lstm_cell")]
     assert len(cells) == 3

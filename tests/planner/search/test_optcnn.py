@@ -5,12 +5,12 @@ import random
 
 import pytest
 
-from autopar.planner.cost import CostModel
-from autopar.planner.presets import get_preset
+from autopar.planner.cost.model import CostModel
+from autopar.planner.hardware.presets import get_preset
+from autopar.planner.ir.strategy import Strategy
 from autopar.planner.search._optcnn_tables import Tables
 from autopar.planner.search.optcnn import _Layers, optcnn, optcnn_cost
-from autopar.planner.strategy import Strategy
-from autopar.planner.taskgraph import TaskGraphBuilder
+from autopar.planner.sim.taskgraph import TaskGraphBuilder
 
 from ._graphs import diamond, mlp, rnn, zoo
 

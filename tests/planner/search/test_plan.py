@@ -4,12 +4,12 @@ from dataclasses import replace
 
 import pytest
 
-from autopar.planner.cost import CostModel
+from autopar.planner.cost.model import CostModel
 from autopar.planner.errors import OutOfMemoryError
-from autopar.planner.presets import get_preset
+from autopar.planner.hardware.presets import get_preset
 from autopar.planner.search.plan import plan
-from autopar.planner.taskgraph import TaskGraphBuilder
-from autopar.planner.evaluate import simulate_strategy
+from autopar.planner.sim.evaluate import simulate_strategy
+from autopar.planner.sim.taskgraph import TaskGraphBuilder
 
 from ._graphs import diamond, mlp, rnn
 
@@ -103,8 +103,8 @@ def test_a_random_start_far_larger_than_data_parallelism_is_not_run_and_the_plan
 def test_budget_the_chains_leave_goes_to_restarts_from_the_best_strategy_found(monkeypatch):
     import importlib
     plan_mod = importlib.import_module("autopar.planner.search.plan")
+    from autopar.planner.ir.strategy import data_parallel
     from autopar.planner.search.mcmc import ChainResult
-    from autopar.planner.strategy import data_parallel
 
     graph, topo = diamond(), get_preset("p100-1x4")
     builder = TaskGraphBuilder(graph, topo, CostModel())
@@ -135,3 +135,4 @@ def test_the_report_lists_peak_memory_per_device_up_to_eight_and_summarizes_beyo
     line = _memory_summary(peak, {d: 16 * 2 ** 30 for d in range(devices)})
     assert all(e in line for e in expect), line
     assert line.count("/16.00 GiB") == (devices if devices <= 8 else 2)
+

@@ -8,10 +8,10 @@ from collections import Counter
 
 import pytest
 
-from autopar.planner.graph import DimKind
+from autopar.planner.ir.graph import DimKind
+from autopar.planner.ir.strategy import (ParallelConfig, block_config, block_shift, check_config, data_parallel,
+                                         placement_move)
 from autopar.planner.search.mcmc import SoapSpace
-from autopar.planner.strategy import (ParallelConfig, block_config, block_shift, check_config, data_parallel,
-                                      placement_move)
 
 from ._graphs import diamond, mlp, rnn
 

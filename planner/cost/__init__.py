@@ -1,0 +1,19 @@
+"""The cost model: how long one task of an op takes on a device, forward and backward.
+
+* `model` — `CostModel`: a measured median where the profile cache has one, else the roofline
+  estimate of `AnalyticModel` (FlexFlow sec. 5.1, assumption A1; OptCNN sec. 5.1's t_c);
+* `profile_cache` — measured times keyed by what decides them (device product, op kind, shard
+  shapes, dtype, attributes), persisted as JSON;
+* `profiler` — `autopar profile`: runs the distinct tasks of a model's strategies on this
+  machine and fills the cache.
+
+The cost model reads the IR and the hardware; the simulator and the search read it.
+"""
+
+from .model import AnalyticModel, CostModel, Estimate, KindClass, graph_input_shapes, kind_class
+from .profile_cache import CACHE_ENV, ProfileCache, default_cache_path, task_key
+from .profiler import ProfileRecord, ProfileReport, device_kind_of, measure_task, profile_local, profile_ops
+
+__all__ = ["CACHE_ENV", "AnalyticModel", "CostModel", "Estimate", "KindClass", "ProfileCache", "ProfileRecord",
+           "ProfileReport", "default_cache_path", "device_kind_of", "graph_input_shapes", "kind_class", "measure_task",
+           "profile_local", "profile_ops", "task_key"]

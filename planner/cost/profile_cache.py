@@ -1,0 +1,253 @@
+"""The profile cache: measured forward/backward times of op tasks, persisted as JSON.
+
+FlexFlow (sec. 5.1, assumption A1) estimates a task's execution time by running it a few times
+on the device and caching the result: "all future tasks with the same operation type and output
+size will use the cached value without rerunning the task".  OptCNN (sec. 5.1) measures each
+layer under each configuration the same way.  This module is that cache: a key names what
+decides a task's time — the device product, the op kind, the shard shapes of the task's inputs,
+outputs and parameters, the dtype and the op's attributes — and maps it to two medians in
+seconds.  `autopar profile` (`planner.cost.profiler`) fills it; `planner.cost.CostModel` reads it and
+falls back to its roofline model for keys it does not hold.
+
+Shard shapes come from one *representative task* of the partition grid: the task at coordinate
+``d // 2`` along every dimension.  Partitions are equal, so all tasks have the same output and
+parameter shards; they differ only in the halo a sliding window adds to their input (a task at
+the edge of the image has padding instead of a halo on one side).  The middle task is an
+interior one, so its input carries the full halo — the slowest task, which is the one the
+critical path waits for.  For an unpartitioned op it is task 0.
+
+File format (``version`` 1)::
+
+    {"version": 1, "entries": {"<key>": {"forward": 1.2e-4, "backward": 2.5e-4}, ...}}
+
+The default location is ``$AUTOPAR_CACHE_DIR/profile.json`` or
+``~/.cache/autopar/profile.json``.  Saving writes a temporary file next to the target and renames
+it over the target (``os.replace``), so a reader never sees a half-written cache.  Two profile
+runs saving at the same moment do not merge: the last rename wins.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import re
+from enum import Enum
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ..errors import CostModelError
+from ..fileio import atomic_write
+from ..ir.graph import Op
+from ..ir.regions import Range
+
+CACHE_ENV = "AUTOPAR_CACHE_DIR"
+CACHE_FILE = "profile.json"
+FORMAT_VERSION = 1
+
+Shape = tuple[int, ...]
+
+#: Attributes that never change what a task computes (bookkeeping the importer may attach).  The
+#: ``module`` path does for an ``opaque`` op (it names the submodule the task calls), so it is kept there.
+_IGNORED_ATTRS = frozenset({"source", "module", "module_path", "qualname", "name", "target", "param_names"})
+
+
+def default_cache_path() -> Path:
+    """``$AUTOPAR_CACHE_DIR/profile.json``, else ``~/.cache/autopar/profile.json``."""
+    base = os.environ.get(CACHE_ENV)
+    root = Path(base).expanduser() if base else Path.home() / ".cache" / "autopar"
+    return root / CACHE_FILE
+
+
+# -- task shapes --------------------------------------------------------------------------------
+
+def representative_coord(degrees: Sequence[int]) -> tuple[int, ...]:
+    """The grid coordinate of the task whose costs stand for all tasks of the op (see module doc)."""
+    return tuple(d // 2 for d in degrees)
+
+
+def representative_ranges(op: Op, degrees: Sequence[int]) -> dict[str, Range]:
+    if len(degrees) != len(op.pardims):
+        dims = ", ".join(p.name for p in op.pardims) or "none"
+        raise CostModelError(f"{op.describe()}: {len(degrees)} degrees {tuple(degrees)} given but it has "
+                             f"{len(op.pardims)} parallel dims ({dims})")
+    try:
+        return op.task_ranges(degrees, representative_coord(degrees))
+    except ValueError as e:
+        raise CostModelError(f"{op.describe()}: degrees {tuple(degrees)} do not split its dims "
+                             f"{[(p.name, p.size) for p in op.pardims]} into equal parts: {e}") from e
+
+
+def _shape(box) -> Shape:
+    return tuple(hi - lo for lo, hi in box)
+
+
+def task_shapes(op: Op, degrees: Sequence[int], input_shapes: Sequence[Sequence[int]],
+                ranges: Mapping[str, Range] | None = None) -> tuple[tuple[Shape, ...], tuple[Shape, ...], tuple[Shape, ...]]:
+    """(input shard shapes, output shard shapes, parameter shard shapes) of the representative task.
+
+    Parameter shards are shapes of the parameter's `view` (the shape partitioning works on).
+    """
+    if len(input_shapes) != len(op.inputs):
+        raise CostModelError(f"{op.describe()}: {len(input_shapes)} input shapes given for its "
+                             f"{len(op.inputs)} inputs; pass graph_input_shapes(graph, op)")
+    if ranges is None:
+        ranges = representative_ranges(op, degrees)
+    ins = tuple(_shape(op.input_box(i, ranges, s)) for i, s in enumerate(input_shapes))
+    outs = tuple(_shape(op.output_box(k, ranges)) for k in range(len(op.outputs)))
+    params = tuple(_shape(op.param_box(j, ranges)) for j in range(len(op.params)))
+    return ins, outs, params
+
+
+def op_dtype(op: Op) -> str:
+    return op.outputs[0].dtype if op.outputs else "float32"
+
+
+def _fmt_shapes(shapes: Sequence[Shape]) -> str:
+    return ",".join("x".join(map(str, s)) if s else "s" for s in shapes)
+
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def _stable(v: Any) -> Any:
+    """A JSON-able form of an attribute value that is the same in every process.
+
+    Functions and methods become their qualified names and objects their type plus a repr with
+    memory addresses removed, so a key written by `autopar profile` is found by a later planner.
+    """
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    if isinstance(v, Enum):
+        return _stable(v.value)
+    if isinstance(v, (list, tuple)):
+        return [_stable(x) for x in v]
+    if isinstance(v, dict):
+        return {str(k): _stable(x) for k, x in sorted(v.items(), key=lambda kv: str(kv[0]))}
+    if dataclasses.is_dataclass(v) and not isinstance(v, type):
+        return {type(v).__name__: {f.name: _stable(getattr(v, f.name)) for f in dataclasses.fields(v)}}
+    if callable(v) and hasattr(v, "__qualname__"):
+        return f"{getattr(v, '__module__', None) or ''}.{v.__qualname__}"
+    extra = getattr(v, "extra_repr", None)  # torch.nn.Module: its configuration, not its weights
+    if callable(extra):
+        return f"{type(v).__name__}({extra()})"
+    return f"{type(v).__name__}:{_ADDRESS.sub('', repr(v))}"
+
+
+def attrs_text(op: Op) -> str:
+    """The part of a task key that comes from the op's attributes (the same for all its tasks)."""
+    return _attrs_text(op)
+
+
+def _attrs_text(op: Op) -> str:
+    kept = {k: _stable(v) for k, v in op.attrs if k not in _IGNORED_ATTRS or (k == "module" and op.kind == "opaque")}
+    return json.dumps(kept, sort_keys=True, separators=(",", ":")) if kept else ""
+
+
+def task_key(op: Op, degrees: Sequence[int], device_kind: str, input_shapes: Sequence[Sequence[int]]) -> str:
+    """The cache key of one task of `op` split by `degrees`, on a device of product `device_kind`.
+
+    Two tasks share a key exactly when they run the same computation on the same sizes: same
+    device product, op kind, dtype, input/output/parameter shard shapes and attributes (stride,
+    padding, softmax axis, …).  Op names, degrees and positions in the graph are not part of it, so
+    the many identical blocks of a ResNet or the unrolled steps of an RNN share one measurement.
+    """
+    return key_of_shapes(op, device_kind, task_shapes(op, degrees, input_shapes))
+
+
+def key_of_shapes(op: Op, device_kind: str, shapes: tuple[tuple[Shape, ...], ...], attrs_text: str | None = None) -> str:
+    """`task_key` from shard shapes already computed (and the op's `attrs_text`, if known)."""
+    ins, outs, params = shapes
+    attrs = attrs_text if attrs_text is not None else _attrs_text(op)
+    return (f"{device_kind}|{op.kind}|{op_dtype(op)}|in={_fmt_shapes(ins)}|out={_fmt_shapes(outs)}"
+            f"|par={_fmt_shapes(params)}|{attrs}")
+
+
+# -- the cache file ------------------------------------------------------------------------------
+
+class _Entry(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    forward: float = Field(ge=0, allow_inf_nan=False)
+    backward: float = Field(ge=0, allow_inf_nan=False)
+
+
+class _CacheFile(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    version: int
+    entries: dict[str, _Entry]
+
+
+class ProfileCache:
+    """Measured (forward, backward) seconds per task key; see the module docstring."""
+
+    def __init__(self, entries: Mapping[str, tuple[float, float]] | None = None, path: str | os.PathLike | None = None):
+        self._entries: dict[str, tuple[float, float]] = {}
+        self.path = Path(path) if path is not None else None
+        for k, (f, b) in (entries or {}).items():
+            self.put(k, f, b)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike | None = None) -> "ProfileCache":
+        """Read a cache file; a missing file gives an empty cache that will save to `path`."""
+        p = Path(path).expanduser() if path is not None else default_cache_path()
+        try:
+            text = p.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return cls(path=p)
+        except OSError as e:
+            raise CostModelError(f"profile cache {p} cannot be read ({e.strerror}); fix its permissions, "
+                                 f"delete it, or point {CACHE_ENV} at another directory") from e
+        try:
+            doc = _CacheFile.model_validate_json(text)
+        except ValidationError as e:
+            first = e.errors()[0]
+            where = ".".join(str(x) for x in first["loc"]) or "top level"
+            raise CostModelError(f"profile cache {p} is corrupt ({where}: {first['msg']}); delete it or "
+                                 "re-run `autopar profile` to rebuild it") from e
+        if doc.version != FORMAT_VERSION:
+            raise CostModelError(f"profile cache {p} has format version {doc.version}, this autopar reads "
+                                 f"version {FORMAT_VERSION}; delete it or re-run `autopar profile` to rebuild it")
+        return cls({k: (v.forward, v.backward) for k, v in doc.entries.items()}, path=p)
+
+    def save(self, path: str | os.PathLike | None = None) -> Path:
+        """Write the cache atomically (temporary file in the same directory, then ``os.replace``)."""
+        p = Path(path).expanduser() if path is not None else (self.path or default_cache_path())
+        doc: dict[str, Any] = {
+            "version": FORMAT_VERSION,
+            "entries": {k: {"forward": f, "backward": b} for k, (f, b) in sorted(self._entries.items())},
+        }
+        def dump(fh) -> None:
+            json.dump(doc, fh, indent=1)
+            fh.write("\n")
+
+        atomic_write(p, dump)
+        self.path = p
+        return p
+
+    def get(self, key: str) -> tuple[float, float] | None:
+        return self._entries.get(key)
+
+    def put(self, key: str, forward: float, backward: float) -> None:
+        f, b = float(forward), float(backward)
+        if not (math.isfinite(f) and math.isfinite(b) and f >= 0 and b >= 0):
+            raise CostModelError(f"profile entry {key}: times must be finite and non-negative, "
+                                 f"got forward {forward} s and backward {backward} s")
+        self._entries[key] = (f, b)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries)
+
+    def items(self) -> Iterator[tuple[str, tuple[float, float]]]:
+        return iter(self._entries.items())
+
+    def __repr__(self) -> str:
+        return f"ProfileCache({len(self._entries)} entries, path={str(self.path) if self.path else None})"

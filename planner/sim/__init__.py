@@ -1,0 +1,27 @@
+"""Execution simulation: the task graph of a strategy and how long its training step takes.
+
+* `taskgraph` — `TaskGraphBuilder`: forward and backward tasks per partition, a transfer for
+  every region that crosses devices (over every link of its route), ring all-reduces of the
+  replicated parameter cells, the updates (FlexFlow sec. 5.1, Table 2); `DeltaSession` edits it
+  one op at a time for the search;
+* `simulator` — full simulation (Algorithm 1, a compiled pass with the Python loop as the tested
+  reference) and `DeltaSimulator` (Algorithm 2), which re-times only what a change touches and
+  gives exactly the timeline full simulation gives (sec. 5.2, 5.3);
+* `evaluate` — `simulate_strategy`: build, time and sum up one strategy;
+* `memory` — peak memory per device;
+* `gc_regime` — keeping Python's cyclic collector off the 10^5 containers a search holds.
+
+The modules with a leading underscore are the simulator's machinery (task store, batched edits,
+passes, timelines); nothing outside this package imports them.
+"""
+
+from ._plans import MIN_TASK_SECONDS
+from .evaluate import SimulationResult, simulate_strategy, summarize
+from .gc_regime import frozen_heap, gc_paused, refreeze
+from .memory import check_fits, peak_memory
+from .simulator import DeltaSimulator, TaskGraph, TaskInfo, Timeline, simulate
+from .taskgraph import OPTIMIZER_STATES, DeltaSession, TaskGraphBuilder, Transfer
+
+__all__ = ["MIN_TASK_SECONDS", "OPTIMIZER_STATES", "DeltaSession", "DeltaSimulator", "SimulationResult", "TaskGraph",
+           "TaskGraphBuilder", "TaskInfo", "Timeline", "Transfer", "check_fits", "frozen_heap", "gc_paused",
+           "peak_memory", "refreeze", "simulate", "simulate_strategy", "summarize"]

@@ -1,0 +1,195 @@
+"""The profile cache file and its task keys."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import json
+import os
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from autopar.planner.cost.profile_cache import (CACHE_ENV, ProfileCache, default_cache_path, task_key,
+                                                task_shapes)
+from autopar.planner.errors import CostModelError
+
+from ._cost_graphs import conv, linear, pointwise
+
+
+def _conv(name="c", n=8, c=16, hw=32, cout=32, k=3, stride=1):
+    return conv(name, "x", (n, c, hw, hw), cout, k, stride, k // 2), ((n, c, hw, hw),)
+
+
+# -- the file ----------------------------------------------------------------------------------------
+
+def test_save_then_load_gives_the_same_entries(tmp_path):
+    path = tmp_path / "sub" / "profile.json"
+    cache = ProfileCache({"a|k": (1e-4, 2e-4)})
+    cache.put("b|k", 3.5e-6, 0.0)
+    assert cache.save(path) == path
+    back = ProfileCache.load(path)
+    assert dict(back.items()) == {"a|k": (1e-4, 2e-4), "b|k": (3.5e-6, 0.0)}
+    assert back.get("a|k") == (1e-4, 2e-4) and back.get("missing") is None
+    assert back.path == path and len(back) == 2 and "b|k" in back
+
+
+def test_a_missing_file_is_an_empty_cache_that_saves_there(tmp_path):
+    path = tmp_path / "none.json"
+    cache = ProfileCache.load(path)
+    assert len(cache) == 0
+    cache.put("k", 1.0, 2.0)
+    cache.save()
+    assert ProfileCache.load(path).get("k") == (1.0, 2.0)
+
+
+@pytest.mark.parametrize("content,detail", [
+    ("{not json", "entries|version|json"),
+    ('{"version": 1}', "entries"),
+    ('{"version": 1, "entries": {"k": {"forward": "fast", "backward": 1}}}', "forward"),
+    ('{"version": 1, "entries": {"k": {"forward": -1, "backward": 1}}}', "forward"),
+    ('{"version": 1, "entries": {"k": [1, 2]}}', "entries"),
+    ('{"version": 99, "entries": {}}', "version 99"),
+])
+def test_a_corrupt_file_names_itself_and_says_what_to_do(tmp_path, content, detail):
+    path = tmp_path / "profile.json"
+    path.write_text(content)
+    with pytest.raises(CostModelError) as err:
+        ProfileCache.load(path)
+    msg = str(err.value)
+    assert str(path) in msg and "delete it" in msg and "autopar profile" in msg
+    assert any(d in msg.lower() for d in detail.split("|"))
+
+
+def test_save_is_atomic_when_the_rename_fails(tmp_path, monkeypatch):
+    path = tmp_path / "profile.json"
+    ProfileCache({"old": (1.0, 1.0)}).save(path)
+    before = path.read_text()
+
+    def boom(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", boom)
+    with pytest.raises(OSError, match="disk full"):
+        ProfileCache({"new": (2.0, 2.0)}).save(path)
+    assert path.read_text() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["profile.json"]  # no temporary left behind
+
+
+def test_save_writes_through_a_temporary_in_the_same_directory(tmp_path, monkeypatch):
+    path = tmp_path / "profile.json"
+    seen = []
+    real = os.replace
+
+    def spy(src, dst):
+        seen.append((os.path.dirname(src), os.fspath(dst)))
+        assert json.loads(open(src).read())["entries"]["k"] == {"forward": 1.0, "backward": 2.0}
+        real(src, dst)
+
+    monkeypatch.setattr(os, "replace", spy)
+    ProfileCache({"k": (1.0, 2.0)}).save(path)
+    assert seen == [(str(tmp_path), str(path))]
+
+
+def test_default_path_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "c"))
+    assert default_cache_path() == tmp_path / "c" / "profile.json"
+    monkeypatch.delenv(CACHE_ENV)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert default_cache_path() == tmp_path / "home" / ".cache" / "autopar" / "profile.json"
+
+
+@pytest.mark.parametrize("fwd,bwd", [(-1.0, 1.0), (1.0, float("nan")), (float("inf"), 1.0)])
+def test_put_rejects_times_that_are_not_finite_and_non_negative(fwd, bwd):
+    with pytest.raises(CostModelError, match="finite and non-negative"):
+        ProfileCache().put("k", fwd, bwd)
+
+
+# -- keys --------------------------------------------------------------------------------------------
+
+def test_key_is_stable_and_ignores_op_names():
+    a, shapes = _conv("a")
+    b, _ = _conv("b")
+    assert task_key(a, (2, 1, 1, 1), "P100-SXM2-16GB", shapes) == task_key(a, (2, 1, 1, 1), "P100-SXM2-16GB", shapes)
+    assert task_key(a, (2, 1, 1, 1), "P100-SXM2-16GB", shapes) == task_key(b, (2, 1, 1, 1), "P100-SXM2-16GB", shapes)
+
+
+@pytest.mark.parametrize("other", [
+    lambda: (_conv(n=16), (2, 1, 1, 1), "P100"),          # different input and output shards
+    lambda: (_conv(), (4, 1, 1, 1), "P100"),              # different degrees -> different shards
+    lambda: (_conv(), (1, 2, 1, 1), "P100"),              # parameter split: different weight shard
+    lambda: (_conv(), (2, 1, 1, 1), "V100"),              # different device product
+    lambda: (_conv(k=5), (2, 1, 1, 1), "P100"),           # different weight shape and padding
+    lambda: ((dataclasses.replace(_conv()[0], kind="conv_transpose2d"), _conv()[1]), (2, 1, 1, 1), "P100"),
+])
+def test_key_changes_with_what_decides_the_time(other):
+    base_op, base_shapes = _conv()
+    (op, shapes), degrees, dev = other()
+    assert task_key(op, degrees, dev, shapes) != task_key(base_op, (2, 1, 1, 1), "P100", base_shapes)
+
+
+def test_key_changes_with_attributes():
+    op, shapes = _conv()
+    other = dataclasses.replace(op, attrs=op.attrs + (("groups", 4),))
+    assert task_key(op, (1, 1, 1, 1), "P", shapes) != task_key(other, (1, 1, 1, 1), "P", shapes)
+
+
+def test_same_shard_from_different_ops_shares_a_key():
+    """FlexFlow sec. 5.1: same op type and sizes reuse a measurement (unrolled or repeated layers)."""
+    r1 = pointwise("r1", "relu", ["x"], (8, 16, 8, 8))
+    r2 = pointwise("r2", "relu", ["y"], (16, 16, 8, 8))
+    assert task_key(r1, (1, 1, 1, 1), "P", ((8, 16, 8, 8),)) == task_key(r2, (2, 1, 1, 1), "P", ((16, 16, 8, 8),))
+
+
+def test_attribute_split_shapes_include_the_halo_of_an_interior_task():
+    op, shapes = _conv(hw=32)
+    ins, outs, params = task_shapes(op, (1, 1, 4, 1), shapes)
+    assert outs == ((8, 32, 8, 32),)
+    assert ins == ((8, 16, 10, 32),)  # 8 rows plus one halo row on each side
+    assert params == ((32, 16, 3, 3),)
+
+
+def test_parameter_split_shards_the_weight():
+    op = linear("fc", "x", 8, 64, 128)
+    _, outs, params = task_shapes(op, (1, 4), ((8, 64),))
+    assert outs == ((8, 32),) and params == ((32, 64), (32,))
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=st.sampled_from([2, 4, 8]), c=st.integers(1, 8), hw=st.sampled_from([8, 12, 16]),
+       cout=st.integers(1, 8), k=st.sampled_from([1, 3]), dn=st.sampled_from([1, 2]), dh=st.sampled_from([1, 2, 4]))
+def test_keys_are_equal_exactly_when_shard_shapes_are(n, c, hw, cout, k, dn, dh):
+    a, sa = _conv(n=n, c=c, hw=hw, cout=cout, k=k)
+    b, sb = _conv(n=8, c=4, hw=16, cout=4, k=3)
+    same_shapes = task_shapes(a, (dn, 1, dh, 1), sa) == task_shapes(b, (2, 1, 2, 1), sb)
+    same_attrs = a.attrs == b.attrs
+    assert (task_key(a, (dn, 1, dh, 1), "P", sa) == task_key(b, (2, 1, 2, 1), "P", sb)) == (same_shapes and same_attrs)
+
+
+_KEY_SCRIPT = """
+import dataclasses, torch
+from tests.planner.cost._cost_graphs import conv
+from autopar.planner.cost.profile_cache import task_key
+op = conv("c", "x", (8, 16, 32, 32), 32, 3, 1, 1)
+op = dataclasses.replace(op, attrs=op.attrs + (("fn", torch.relu), ("how", "module"), ("mod", torch.nn.Conv2d(16, 32, 3)),
+                                                  ("obj", object())))
+print(task_key(op, (2, 1, 1, 1), "P100", ((8, 16, 32, 32),)))
+"""
+
+
+def test_keys_with_functions_and_modules_in_attrs_are_the_same_in_another_process():
+    import pathlib
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parents[3]
+    theirs = subprocess.run([sys.executable, "-c", _KEY_SCRIPT], cwd=root, capture_output=True, text=True,
+                            check=True).stdout.strip()
+    ours = io.StringIO()
+    with contextlib.redirect_stdout(ours):
+        exec(_KEY_SCRIPT, {})
+    keys = [theirs, ours.getvalue().strip()]
+    assert keys[0] == keys[1]
+    assert "0x" not in keys[0] and "relu" in keys[0] and "Conv2d(16, 32, kernel_size=(3, 3)" in keys[0]

@@ -1,0 +1,190 @@
+"""The profiler: measuring task kernels into the profile cache."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from autopar.planner.cost.model import CostModel, graph_input_shapes
+from autopar.planner.cost.profile_cache import ProfileCache, task_key
+from autopar.planner.cost.profiler import device_kind_of, engine_overhead, measure_task, profile_ops
+from autopar.planner.errors import CostModelError
+from autopar.planner.hardware.topology import Device
+from autopar.planner.ir.graph import WHOLE, DimKind, Op, OperatorGraph, ParamSpec, ParDim, TensorRef, TensorSpec, same
+
+CPU = torch.device("cpu")
+N, FIN, FOUT = 8, 16, 12
+
+
+def _tiny_graph() -> OperatorGraph:
+    """x (float) -> fc -> relu1 -> relu2 -> loss(labels); relu1 and relu2 are the same task."""
+    nf = (ParDim("n", DimKind.SAMPLE, N), ParDim("f", DimKind.ATTRIBUTE, FOUT))
+    ops = (
+        Op("x", "input", (), (), (TensorSpec((N, FIN), ("n", "f")),), (ParDim("n", DimKind.SAMPLE, N),)),
+        Op("y", "input", (), (), (TensorSpec((N,), ("n",), "int64"),), (ParDim("n", DimKind.SAMPLE, N),)),
+        Op("fc", "linear", (TensorRef("x"),), ((same("n"), WHOLE),), (TensorSpec((N, FOUT), ("n", "f")),),
+           (ParDim("n", DimKind.SAMPLE, N), ParDim("f", DimKind.PARAMETER, FOUT)),
+           (ParamSpec("fc.weight", (FOUT, FIN), (FOUT, FIN), (same("f"), WHOLE)),
+            ParamSpec("fc.bias", (FOUT,), (FOUT,), (same("f"),))),
+           flops_fwd=2.0 * N * FIN * FOUT),
+        Op("relu1", "relu", (TensorRef("fc"),), ((same("n"), same("f")),), (TensorSpec((N, FOUT), ("n", "f")),), nf),
+        Op("relu2", "relu", (TensorRef("relu1"),), ((same("n"), same("f")),), (TensorSpec((N, FOUT), ("n", "f")),), nf),
+        Op("loss", "cross_entropy", (TensorRef("relu2"), TensorRef("y")), ((same("n"), WHOLE), (same("n"),)),
+           (TensorSpec((), ()),), (ParDim("n", DimKind.SAMPLE, N),)),
+    )
+    return OperatorGraph("tiny", ops, N)
+
+
+def _fake_forward_task(op: Op, ranges, inputs, params):
+    """Stands in for planner.ir.kernels.forward_task: the same contract for the kinds above."""
+    if op.kind == "linear":
+        assert not inputs[0].requires_grad, "a graph input needs no gradient"
+        assert all(p.requires_grad for p in params)
+        return [F.linear(inputs[0], params[0], params[1])]
+    if op.kind == "relu":
+        assert inputs[0].requires_grad
+        return [torch.relu(inputs[0])]
+    if op.kind == "cross_entropy":
+        logits, labels = inputs
+        assert labels.dtype == torch.int64 and int(labels.max()) < logits.shape[1]
+        return [F.cross_entropy(logits, labels, reduction="sum")]
+    raise NotImplementedError(f"no kernel for {op.kind}")
+
+
+def _run(graph, choices, cache, **kw):
+    return profile_ops(graph, choices, CPU, cache, repeats=3, warmup=1, device_kind="test-cpu",
+                       forward_task=_fake_forward_task, **kw)
+
+
+def test_profiling_fills_the_cache_with_positive_medians():
+    g = _tiny_graph()
+    cache = ProfileCache()
+    choices = [("fc", (1, 1)), ("fc", (2, 1)), ("fc", (1, 3)), ("relu1", (2, 2)), ("loss", (4,))]
+    report = _run(g, choices, cache)
+    assert len(report.measured) == 5 and not report.skipped and report.cached == 0
+    for name, degrees in choices:
+        op = g[name]
+        fwd, bwd = cache.get(task_key(op, degrees, "test-cpu", graph_input_shapes(g, op)))
+        assert fwd > 0 and bwd > 0
+
+
+def test_cached_estimates_come_from_the_profile():
+    g = _tiny_graph()
+    cache = ProfileCache()
+    _run(g, [("fc", (2, 1))], cache)
+    device = Device(0, "w0", "localhost", "test-cpu", "cpu", 1e11, 0.0, 1.2e10, 1 << 30)
+    model = CostModel(cache)
+    est = model.task_cost(g["fc"], (2, 1), device, graph_input_shapes(g, g["fc"]))
+    assert est.source == "profile"
+    assert (est.forward, est.backward) == cache.get(task_key(g["fc"], (2, 1), "test-cpu", ((N, FIN),)))
+    assert model.task_cost(g["fc"], (1, 1), device, ((N, FIN),)).source == "analytic"
+
+
+def test_identical_tasks_are_measured_once_and_not_again():
+    g = _tiny_graph()
+    cache = ProfileCache()
+    first = _run(g, [("relu1", (1, 1)), ("relu2", (1, 1)), ("relu2", (2, 1))], cache)
+    assert [r.op for r in first.measured] == ["relu1", "relu2"]  # relu2 (1,1) has relu1's key
+    again = _run(g, [("relu1", (1, 1)), ("relu2", (2, 1))], cache)
+    assert again.measured == [] and again.cached == 2
+
+
+def test_default_choices_measure_every_op_unpartitioned_but_not_graph_inputs():
+    g = _tiny_graph()
+    cache = ProfileCache()
+    report = _run(g, None, cache)
+    assert sorted(r.op for r in report.measured) == ["fc", "loss", "relu1"]
+    assert all(r.degrees == (1,) * len(g[r.op].pardims) for r in report.measured)
+
+
+def test_an_op_without_a_kernel_is_skipped_with_the_reason():
+    g = _tiny_graph()
+
+    def partial(op, ranges, inputs, params):
+        if op.kind == "relu":
+            raise NotImplementedError("relu kernel missing")
+        return _fake_forward_task(op, ranges, inputs, params)
+
+    cache = ProfileCache()
+    report = profile_ops(g, [("relu1", (1, 1)), ("fc", (1, 1))], CPU, cache, repeats=2, warmup=0,
+                         device_kind="test-cpu", forward_task=partial)
+    assert report.skipped == [("relu1", (1, 1), "NotImplementedError: relu kernel missing")]
+    assert [r.op for r in report.measured] == ["fc"] and len(cache) == 1
+
+
+def test_measure_task_passes_the_task_shards():
+    g = _tiny_graph()
+    seen = []
+
+    def spy(op, ranges, inputs, params):
+        seen.append((dict(ranges), [tuple(t.shape) for t in inputs], [tuple(p.shape) for p in params]))
+        return _fake_forward_task(op, ranges, inputs, params)
+
+    fwd, bwd = measure_task(g, g["fc"], (2, 3), CPU, repeats=1, warmup=0, forward_task=spy)
+    assert fwd > 0 and bwd > 0
+    assert seen[0] == ({"n": (4, 8), "f": (4, 8)}, [(4, FIN)], [(4, FIN), (4,)])
+
+
+def test_progress_is_reported_per_task():
+    g = _tiny_graph()
+    calls = []
+    _run(g, [("fc", (1, 1)), ("relu1", (1, 1))], ProfileCache(), progress=lambda i, n, name: calls.append((i, n, name)))
+    assert calls == [(0, 2, "fc"), (1, 2, "relu1"), (2, 2, "")]
+
+
+@pytest.mark.parametrize("repeats,warmup", [(0, 1), (3, -1)])
+def test_bad_repeat_counts_are_an_error(repeats, warmup):
+    with pytest.raises(CostModelError, match="repeats >= 1"):
+        profile_ops(_tiny_graph(), None, CPU, ProfileCache(), repeats=repeats, warmup=warmup,
+                    forward_task=_fake_forward_task)
+
+
+def test_cpu_measurements_are_stored_under_the_local_presets_product():
+    from autopar.planner.hardware.presets import get_preset
+    assert device_kind_of(CPU) == get_preset("local:2").devices[0].product
+
+
+def test_engine_overhead_is_taken_off_the_backward_median():
+    g = _tiny_graph()
+    fixed, per_node = engine_overhead(CPU, repeats=5)
+    assert fixed >= 0 and per_node >= 0
+    # An overhead larger than any measurement leaves the one-trivial-node floor.
+    _, bwd = measure_task(g, g["relu1"], (1, 1), CPU, repeats=2, warmup=0, forward_task=_fake_forward_task,
+                          overhead=(10.0, 1.5e-6))
+    assert bwd == 1.5e-6
+
+
+def test_profile_local_covers_every_task_a_local_plan_can_use(tmp_path):
+    """Real importer and kernels: after `autopar profile`, a local:2 plan costs only measured tasks."""
+    from autopar.planner.cost.profiler import profile_local
+    from autopar.planner.hardware.presets import get_preset
+    from autopar.planner.ir.fx_import import import_spec
+    from autopar.planner.ir.strategy import degree_choices
+    from autopar.planner.zoo import get_model
+
+    path = tmp_path / "profile.json"
+    report = profile_local(["lenet"], workers=2, options={"batch": 2}, cache=ProfileCache.load(path),
+                           repeats=1, warmup=0)
+    assert report.skipped == [] and len(report.measured) > 0
+    assert report.device_kind == get_preset("local:2").devices[0].product
+    cache = ProfileCache.load(path)  # saved by profile_local
+    assert len(cache) == len(report.measured)
+    g = import_spec(get_model("lenet", batch=2))
+    model = CostModel(cache).bind(g)
+    device = get_preset("local:2").devices[1]
+    for op in g.ops:
+        for degrees in degree_choices(op, 2):
+            est = model.task_cost(op, degrees, device)
+            assert est.source == ("profile" if op.inputs else "analytic"), (op.name, degrees)
+    again = profile_local(["lenet"], workers=2, options={"batch": 2}, cache=cache, repeats=1, warmup=0)
+    assert again.measured == [] and again.cached == len(report.measured)
+
+
+def test_max_tasks_caps_new_measurements_and_counts_the_rest():
+    g = _tiny_graph()
+    cache = ProfileCache()
+    report = _run(g, [("fc", (1, 1)), ("fc", (2, 1)), ("relu1", (1, 1)), ("loss", (1,))], cache, max_tasks=3)
+    assert [r.op for r in report.measured] == ["fc", "fc", "relu1"] and report.remaining == 1
+    rest = _run(g, [("fc", (1, 1)), ("fc", (2, 1)), ("relu1", (1, 1)), ("loss", (1,))], cache, max_tasks=3)
+    assert [r.op for r in rest.measured] == ["loss"] and rest.cached == 3 and rest.remaining == 0
