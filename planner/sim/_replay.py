@@ -7,6 +7,7 @@ order is exactly (ready, key) — the same in full and delta simulation.
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 from array import array
@@ -83,6 +84,23 @@ def _flat(typecode: str, a) -> array:
     return out
 
 
+def _run(fn, *args):
+    """``fn(*args)`` for a compiled pass.
+
+    Numba compiles a pass (or loads it from its cache) the first time it meets a new combination
+    of argument types, and that leaves reference cycles behind which hold the arguments: views of
+    the graph's flat arrays.  A search runs with the cyclic collector paused and what it holds
+    frozen (`gc_regime`), so nothing would free those views, and the graph's next append to an
+    array they view would raise ``BufferError: cannot resize an array that is exporting buffers``
+    (the first `autopar plan` on a machine with an empty Numba cache did).  So after a call that
+    compiled, the cycles are collected at once; every later call is just the call."""
+    known = len(fn.signatures)
+    out = fn(*args)
+    if len(fn.signatures) != known:
+        gc.collect()
+    return out
+
+
 def _view(a: array, dtype):
     return _np.frombuffer(a, dtype) if len(a) else _np.zeros(0, dtype)
 
@@ -107,7 +125,8 @@ def resume_pass(g: TaskGraph, every: int, oseq: array, osim: bytearray, mod: byt
     nres = len(g._rlist)
     cap = len(g._key)
     i64, f64 = _np.int64, _np.float64
-    seq, count, cut, stop, last, olast, cnt, ck = _fastpass.resume_pass_arrays(
+    seq, count, cut, stop, last, olast, cnt, ck = _run(
+        _fastpass.resume_pass_arrays,
         _view(g._a_alive, _np.int8), _view(g._a_gen, i64), _view(g._a_dur, f64), _view(g._a_rix, i64),
         nres, _view(g._a_key, i64).reshape(cap, KEY_FIELDS), _view(g._e_rec, i64).reshape(-1, 4),
         _view(g._e_alive, _np.int8), every, _view(oseq, i64), _np.frombuffer(osim, _np.uint8),
@@ -137,7 +156,8 @@ def _compiled_pass(g: TaskGraph, every: int):
     i64 = _np.int64
     keys = _view(g._a_key, i64).reshape(cap, KEY_FIELDS)
     step = every if every > 0 else max(cap, 1)
-    rdy, st, en, bind, seq, count, last, cnt, ck, pen = _fastpass.full_pass_arrays(
+    rdy, st, en, bind, seq, count, last, cnt, ck, pen = _run(
+        _fastpass.full_pass_arrays,
         _view(g._a_alive, _np.int8), _view(g._a_gen, i64), _view(g._a_dur, _np.float64),
         _view(g._a_rix, i64), nres, keys, _view(g._e_rec, i64).reshape(-1, 4),
         _view(g._e_alive, _np.int8), step, *_parts_views(g, cap))
@@ -156,8 +176,8 @@ def _compiled_pass(g: TaskGraph, every: int):
 def compact_edges(g: TaskGraph) -> None:
     """Drop dead records from the edge pool (it only grows between compactions)."""
     rec = _view(g._e_rec, _np.int64).reshape(-1, 4)
-    ok = _fastpass.live_edges(_view(g._a_alive, _np.int8), _view(g._a_gen, _np.int64), rec,
-                              _view(g._e_alive, _np.int8))
+    ok = _run(_fastpass.live_edges, _view(g._a_alive, _np.int8), _view(g._a_gen, _np.int64), rec,
+              _view(g._e_alive, _np.int8))
     fresh, alive = array("q"), array("b")
     fresh.frombytes(_np.ascontiguousarray(rec[ok]).tobytes())
     alive.frombytes(_np.ones(int(ok.sum()), _np.int8).tobytes())

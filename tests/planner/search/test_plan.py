@@ -136,3 +136,22 @@ def test_the_report_lists_peak_memory_per_device_up_to_eight_and_summarizes_beyo
     assert all(e in line for e in expect), line
     assert line.count("/16.00 GiB") == (devices if devices <= 8 else 2)
 
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_new_users_first_simulate_then_plan_succeeds(tmp_path):
+    """With an empty Numba cache, `autopar simulate` compiles (and caches) the full pass, and the
+    first `autopar plan` compiles the delta pass inside the search, whose collector is paused: the
+    compile's reference cycles must not keep views of the task graph alive (that was a BufferError
+    on the graph's next append, on every fresh machine)."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"), AUTOPAR_CACHE_DIR=str(tmp_path / "cache"))
+    model = ["--model", "lenet", "--topology", "p100-4x4"]
+    for args in (["simulate", *model], ["plan", *model, "--max-proposals", "200", "--out", str(tmp_path / "plan.yaml")]):
+        run = subprocess.run([sys.executable, "-m", "autopar.cli", *args], env=env, capture_output=True, text=True,
+                             cwd=tmp_path)
+        assert run.returncode == 0, f"autopar {args[0]}: {run.stderr[-3000:]}"
+    assert (tmp_path / "plan.yaml").exists()

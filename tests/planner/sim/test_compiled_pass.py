@@ -5,6 +5,7 @@ records — and falls back to the Python loop for keys it cannot compare."""
 from __future__ import annotations
 
 import random
+from array import array
 
 import pytest
 from hypothesis import given, settings
@@ -117,3 +118,35 @@ def test_dead_edges_are_compacted_away_without_changing_the_timeline():
     assert len(g._e_alive) == g._nedges == g.num_edges() <= before
     assert sim.timeline().same_as(simulate(g))
 
+
+class _Compiling:
+    """Stands in for a Numba dispatcher whose first call compiles: that call leaves a reference
+    cycle holding its arguments behind, as Numba's compile path does."""
+
+    def __init__(self):
+        self.signatures = []
+
+    def __call__(self, *args):
+        if not self.signatures:
+            self.signatures.append("first argument types")
+            cycle = [args]
+            cycle.append(cycle)
+        return len(args)
+
+
+def test_a_pass_that_compiles_leaves_no_view_of_the_graph_alive():
+    import gc
+
+    import numpy as np
+
+    from autopar.planner.sim import frozen_heap, gc_paused
+
+    arr = array("q", range(4))
+    with frozen_heap(), gc_paused():  # the regime of a search
+        _replay._run(_Compiling(), np.frombuffer(arr, np.int64))
+        arr.append(4)  # BufferError while a view of `arr` is alive
+        _Compiling()(np.frombuffer(arr, np.int64))  # the same call, not through _run: its view lingers
+        with pytest.raises(BufferError):
+            arr.append(5)
+    gc.collect()
+    arr.append(5)
