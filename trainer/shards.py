@@ -20,11 +20,9 @@ from typing import Callable, Mapping
 
 import torch
 
-from autopar.planner.ir import Box, OperatorGraph, full_box, translate, volume
+from autopar.planner.ir import Box, OperatorGraph, cells, full_box, translate, volume
 
-from autopar.planner.ir import cells
 from .comm import exchange, wait_all
-
 from .plan import ExecutionPlan, bounding_box
 from .redistribute import shape_of
 

@@ -26,9 +26,7 @@ from typing import TYPE_CHECKING, Mapping
 import torch
 import torch.distributed as dist
 
-from autopar.planner.ir import DTYPE_BYTES, Box, translate, volume
-
-from autopar.planner.ir import cells
+from autopar.planner.ir import DTYPE_BYTES, Box, cells, translate, volume
 
 from .plan import ExecutionPlan
 
