@@ -6,7 +6,7 @@ import sys
 import time
 from typing import Any
 
-from autopar.planner.sim import SimulationResult, TaskGraphBuilder, check_fits, simulate_strategy
+from autopar.planner.sim import SimulationResult, TaskGraphBuilder, check_fits, simulate_strategy, simulated_trace
 
 from ._common import Problem, emit_json, fmt_bytes, fmt_seconds, load_problem, resolve_strategy
 
@@ -60,6 +60,9 @@ def run_simulate(args) -> int:
     if getattr(args, "plot", None):
         _plot(args.plot, problem, builder, names[0])
         doc["plot"] = args.plot
+    if getattr(args, "trace", None):
+        _trace(args.trace, problem, builder, names[0])
+        doc["trace"] = args.trace
     if args.json:
         emit_json(doc)
     else:
@@ -72,6 +75,16 @@ def _plot(path: str, problem: Problem, builder, name: str) -> None:
     strategy = resolve_strategy(name, problem)
     res, tl, tg = simulate_strategy(builder, strategy)
     plot_strategy(path, problem.graph, problem.topology, strategy, tl, tg)
+
+
+def _trace(path: str, problem: Problem, builder, name: str) -> None:
+    import json
+
+    from autopar.planner.fileio import atomic_write
+    strategy = resolve_strategy(name, problem)
+    _, tl, tg = simulate_strategy(builder, strategy)
+    doc = simulated_trace(problem.graph, problem.topology, tl, tg, name=strategy.name)
+    atomic_write(path, lambda f: json.dump(doc, f))
 
 
 def _print(doc: dict[str, Any], problem: Problem, base: str) -> None:

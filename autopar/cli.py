@@ -40,6 +40,9 @@ def _build_parser() -> argparse.ArgumentParser:
     s.add_argument("--strategy", "-s", action="append", default=[], metavar="S",
                    help="named strategy (data-parallel, model-parallel, single-device, …) or a plan file; repeatable")
     s.add_argument("--plot", metavar="FILE.png", help="draw the (first) strategy and its simulated timeline")
+    s.add_argument("--trace", metavar="FILE.json",
+                   help="write the (first) strategy's simulated step as Chrome trace-event JSON (open it in "
+                        "ui.perfetto.dev beside the trace of `autopar train --trace`)")
     s.set_defaults(func=_cmd_simulate)
 
     pl = sub.add_parser("plan", help="search for the fastest strategy and write a plan file",

@@ -56,3 +56,13 @@ def test_models_and_topologies_list_what_can_be_named(capsys):
     assert rc == 0 and "nmt" in [m["name"] for m in json.loads(out)["models"]]
     rc, out, _ = _run(capsys, "topologies", "--json")
     assert rc == 0 and {"p100-4x4", "k80-16x4", "local"} <= {t["name"] for t in json.loads(out)["topologies"]}
+
+
+def test_simulate_trace_writes_the_first_strategys_step_as_trace_events(capsys, tmp_path):
+    path = tmp_path / "sim.json"
+    rc, out, _ = _run(capsys, "simulate", "--model", "lenet", "-o", "batch=16", "--topology", "local:2",
+                      "--strategy", "model-parallel", "--strategy", "data-parallel", "--trace", str(path), "--json")
+    assert rc == 0 and json.loads(out)["trace"] == str(path)
+    doc = json.loads(path.read_text())
+    assert doc["otherData"]["strategy"] == "model-parallel"
+    assert any(e.get("ph") == "X" and e["name"].startswith("fwd ") for e in doc["traceEvents"])

@@ -46,14 +46,29 @@ class StepMetrics:
             self.port = server.server_address[1]
         self.times: list[float] = []
         self.losses: list[float] = []
+        self.traced: list[bool] = []
 
-    def record(self, seconds: float, loss: float, samples: int) -> None:
+    def record(self, seconds: float, loss: float, samples: int, traced: bool = False) -> None:
+        """One finished step; a `traced` step (under torch.profiler) is kept out of `untraced_times`."""
         self.step_seconds.observe(seconds)
         self.steps.inc()
         self.loss.set(loss)
         self.throughput.set(samples / seconds if seconds > 0 else 0.0)
         self.times.append(seconds)
         self.losses.append(loss)
+        self.traced.append(traced)
+
+    def untraced_times(self) -> list[float]:
+        """Step times without the profiler's overhead (all of them when nothing was traced)."""
+        return [t for t, tr in zip(self.times, self.traced) if not tr]
+
+    def cv(self) -> float | None:
+        """Coefficient of variation (stdev / mean) of the untraced steps after the first."""
+        times = (self.untraced_times() or self.times)[1:]
+        if len(times) < 2:
+            return None
+        mean = statistics.fmean(times)
+        return statistics.stdev(times) / mean if mean > 0 else None
 
     def close(self) -> None:
         if self._server is not None:

@@ -26,6 +26,7 @@ communication is issued in one global order; process groups are created up front
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -41,6 +42,9 @@ from .redistribute import (GradAccumulator, RouteView, backward_accumulate, back
                            forward_sends, shape_of)
 from .shards import Shard, gather_full, make_shards
 from .sync import DEFAULT_BUCKET_BYTES, GradSync, plan_buckets
+
+
+_NO_SPAN = nullcontext()
 
 
 @dataclass
@@ -110,6 +114,12 @@ class Runtime:
             if shard.tensor.requires_grad:
                 shard.tensor.register_post_accumulate_grad_hook(lambda _t, n=name: self.sync.accumulated(n))
         self._pending: list = []
+        #: Label the step's phases for torch.profiler (`trainer.trace`); off, they cost nothing.
+        self.annotate = False
+
+    def span(self, name: str):
+        """A profiler span named `name` while `annotate` is on; else a no-op context."""
+        return torch.profiler.record_function(name) if self.annotate else _NO_SPAN
 
     def _views(self, fuse: bool) -> dict[str, _OpView]:
         plan, rank, g = self.plan, self.rank, self.graph
@@ -213,8 +223,9 @@ class Runtime:
         acts, leaves = self._forward(data)
         loss = self._local_loss(acts)
         self._backward(acts, leaves)
-        self.sync.finish()
-        wait_all(self._pending)
+        with self.span("sync"):
+            self.sync.finish()
+            wait_all(self._pending)
         self.bn.finish_step()
         return loss
 
@@ -233,7 +244,8 @@ class Runtime:
         for v in self.views.values():
             op = v.op
             inputs: dict[int, list] = {t.index: [None] * len(v.routes) for t in v.tasks}
-            with torch.no_grad():
+            moves = any(not rv.idle for rv in v.routes)
+            with torch.no_grad(), (self.span(f"exchange {op.name}") if moves else _NO_SPAN):
                 sends, recvs = {}, {}
                 for rv, dtype in zip(v.routes, v.dtypes):
                     if not rv.idle:
@@ -256,7 +268,7 @@ class Runtime:
                             x.requires_grad_(True)
                         xs[j] = x
                 leaves[(op.name, t.index)] = xs
-            with torch.set_grad_enabled(v.grad):
+            with torch.set_grad_enabled(v.grad), self.span(f"fwd {op.name}"):
                 if v.input_op:
                     full = data[op.name]
                     for t in v.tasks:
@@ -292,27 +304,15 @@ class Runtime:
             self.sync.after_backward(v.index)
 
     def _backward_op(self, v: _OpView, acts, leaves, accs, input_grads) -> None:
-        rank, op = self.rank, v.op
-        if v.batch_norm:
-            self.bn.backward(op, v.tasks, acts, accs, rank, self.groups)
-        elif not v.fused_out:
-            for t in v.tasks:
-                key = (op.name, t.index)
-                if key not in accs:
-                    continue
-                outs, grads = [], []
-                for o, acc in zip(acts[key], accs[key]):
-                    if o.requires_grad and acc.value is not None:
-                        outs.append(o)
-                        grads.append(acc.value)
-                if outs:
-                    torch.autograd.backward(outs, grads)
+        op = v.op
+        with self.span(f"bwd {op.name}"):
+            self._backward_tasks(v, acts, accs)
         for t in v.tasks:
             key = (op.name, t.index)
             input_grads[key] = [x.grad if x.is_leaf and x.requires_grad else None for x in leaves.get(key, ())]
-        with torch.no_grad():
-            moving = [(rv, dtype) for rv, dtype, fused in zip(v.routes, v.dtypes, v.fused_in)
-                      if rv.route.grads and not fused and not rv.idle]
+        moving = [(rv, dtype) for rv, dtype, fused in zip(v.routes, v.dtypes, v.fused_in)
+                  if rv.route.grads and not fused and not rv.idle]
+        with torch.no_grad(), (self.span(f"grad exchange {op.name}") if moving else _NO_SPAN):
             sends, recvs = {}, {}
             for rv, dtype in moving:
                 sends.update({(d, rv.j): t for d, t in backward_sends(rv, input_grads, accs, dtype, self.device).items()})
@@ -326,3 +326,21 @@ class Runtime:
             leaves.pop(key, None)
             accs.pop(key, None)
             input_grads.pop(key, None)
+
+    def _backward_tasks(self, v: _OpView, acts, accs) -> None:
+        """The autograd calls of op `v`'s tasks on this rank (none for an op fused into its consumer)."""
+        op = v.op
+        if v.batch_norm:
+            self.bn.backward(op, v.tasks, acts, accs, self.rank, self.groups)
+        elif not v.fused_out:
+            for t in v.tasks:
+                key = (op.name, t.index)
+                if key not in accs:
+                    continue
+                outs, grads = [], []
+                for o, acc in zip(acts[key], accs[key]):
+                    if o.requires_grad and acc.value is not None:
+                        outs.append(o)
+                        grads.append(acc.value)
+                if outs:
+                    torch.autograd.backward(outs, grads)

@@ -67,7 +67,8 @@ class Trainer:
 
     def optimizer_step(self) -> None:
         if self.optimizer is not None:
-            self.optimizer.step()
+            with self.runtime.span("optimizer step"):
+                self.optimizer.step()
 
     def global_loss(self, local: torch.Tensor) -> float:
         t = local.detach().to(torch.float64).clone()

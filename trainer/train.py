@@ -16,15 +16,18 @@ its shards (`trainer.optim`), the data of every step (`trainer.data`), checkpoin
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import sys
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from autopar.planner.fileio import atomic_write
 from autopar.planner.ir import OperatorGraph, Strategy, TensorSpec
 
 from . import checkpoint as ckpt
@@ -35,6 +38,7 @@ from .metrics import StepMetrics, median_step
 from .optim import STATE_KEYS, OptimizerConfig
 from .session import Trainer
 from .sync import DEFAULT_BUCKET_BYTES
+from .trace import StepTracer
 from .validate import check_plan
 
 #: ``rank:step`` — that rank exits abruptly at the start of that step (fault injection for tests
@@ -64,6 +68,8 @@ class TrainConfig:
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
     log: bool = True
     profile_cache: str | None = None
+    trace: str | None = None             # write the traced steps as Chrome trace-event JSON here
+    trace_steps: int = 2                 # how many steps to trace, after the first (warm-up) step
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -74,6 +80,8 @@ class TrainConfig:
             raise TrainerConfigError("--resume needs --checkpoint-dir to find the checkpoint in")
         if self.dtype is not None and self.dtype not in _FLOATS:
             raise TrainerConfigError(f"--dtype {self.dtype!r}: choose one of {', '.join(_FLOATS)}")
+        if self.trace is not None and self.trace_steps < 1:
+            raise TrainerConfigError(f"--trace-steps must be at least 1, got {self.trace_steps}")
 
 
 @dataclass
@@ -190,35 +198,44 @@ def rank_main(rank: int, world: int, job: Job, device_kind: str = "cpu") -> dict
     if rank == 0:
         metrics = StepMetrics(job.graph.name, job.strategy.name, job.predicted, cfg.metrics_port)
     start = trainer.step
+    tracer = _tracer(cfg, start, device_kind)
     saved = []
     batch = job.graph.batch_size
     try:
         for step in range(start, cfg.steps):
             _maybe_fault(rank, step)
-            t0 = time.perf_counter()
-            local = trainer.train_step(step)
-            seconds = time.perf_counter() - t0
+            traced = tracer is not None and tracer.traced(step)
+            trainer.runtime.annotate = traced
+            with tracer.step(step) if traced else _NO_TRACE:
+                t0 = time.perf_counter()
+                local = trainer.train_step(step)
+                seconds = time.perf_counter() - t0
             loss = trainer.global_loss(local)
             if metrics is not None:
-                metrics.record(seconds, loss, batch)
+                metrics.record(seconds, loss, batch, traced=traced)
                 if cfg.log:
                     print(f"step {step + 1}/{cfg.steps}  loss {loss:.6f}  {seconds * 1e3:.1f} ms  "
-                          f"{batch / seconds:.1f} samples/s", file=sys.stderr, flush=True)
+                          f"{batch / seconds:.1f} samples/s" + ("  (traced)" if traced else ""),
+                          file=sys.stderr, flush=True)
             if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0:
                 path = trainer.save(cfg.checkpoint_dir)
                 if path:
                     saved.append(path)
+        trace_file = _write_trace(cfg, job, tracer, rank, world, trainer.world_group)
         if metrics is None:
             return None
-        med = median_step(metrics.times)
+        med = median_step(metrics.untraced_times() or metrics.times)
+        error = (job.predicted / med - 1.0) if job.predicted and med else None
         return {
             "model": job.graph.name, "strategy": job.strategy.name, "nproc": world, "backend": dist.get_backend(),
             "steps": cfg.steps, "resumed_from_step": start if cfg.resume else None,
             "global_batch": batch, "dtype": cfg.dtype or _model_dtype(job.graph),
             "optimizer": cfg.optimizer.to_dict(),
             "step_seconds": metrics.times, "losses": metrics.losses,
-            "median_step_seconds": med, "predicted_step_seconds": job.predicted, "prediction": job.predicted_note,
-            "predicted_over_measured": (job.predicted / med) if job.predicted and med else None,
+            "measured_step_s": med, "measured_cv": metrics.cv(), "predicted_step_s": job.predicted,
+            "prediction_error": error, "prediction": job.predicted_note,
+            "traced_steps": [s + 1 for s in range(start, cfg.steps) if tracer is not None and tracer.traced(s)],
+            "trace": trace_file,
             "samples_per_second": batch / med if med else None,
             "final_loss": metrics.losses[-1] if metrics.losses else None,
             "checkpoints": saved, "metrics_port": metrics.port,
@@ -226,6 +243,39 @@ def rank_main(rank: int, world: int, job: Job, device_kind: str = "cpu") -> dict
     finally:
         if metrics is not None:
             metrics.close()
+
+
+_NO_TRACE = nullcontext()
+
+
+def _tracer(cfg: TrainConfig, start: int, device_kind: str) -> StepTracer | None:
+    """The tracer of `--trace`: the steps after the first of this run (its warm-up), when any."""
+    if cfg.trace is None:
+        return None
+    first = start + 1 if cfg.steps - start > 1 else start
+    return StepTracer(first, min(cfg.trace_steps, cfg.steps - first), device_kind)
+
+
+def _write_trace(cfg: TrainConfig, job: Job, tracer: StepTracer | None, rank: int, world: int, group) -> str | None:
+    """Gather every rank's traced events on rank 0 and write them as one file; every rank calls it."""
+    if tracer is None:
+        return None
+    from autopar.planner.hardware import resolve_topology
+    from autopar.planner.sim import device_process_name
+
+    from .trace import gather_traces, merge_traces
+    per_rank = gather_traces(tracer, rank, world, group)
+    if rank != 0:
+        return None
+    try:
+        topology = resolve_topology(cfg.topology or f"local:{world}")
+        names = [device_process_name(topology, r) if r < topology.num_devices else f"rank {r}" for r in range(world)]
+    except Exception:  # noqa: BLE001 - names are cosmetic; the trace itself matters
+        names = [f"rank {r}" for r in range(world)]
+    doc = merge_traces(per_rank, names, {"model": job.graph.name, "strategy": job.strategy.name,
+                                         "predicted_step_seconds": job.predicted})
+    atomic_write(cfg.trace, lambda f: json.dump(doc, f))
+    return cfg.trace
 
 
 # -- entry point ---------------------------------------------------------------------------------
@@ -279,13 +329,19 @@ def train_main(args: Any = None, **overrides: Any) -> dict | None:
 
 def format_summary(summary: dict) -> str:
     """The human-readable end of `autopar train` (the JSON has the same numbers)."""
-    med, pred = summary["median_step_seconds"], summary["predicted_step_seconds"]
+    med, pred, err = summary["measured_step_s"], summary["predicted_step_s"], summary["prediction_error"]
     head = f"{summary['model']} under {summary['strategy']!r} on {summary['nproc']} rank(s): {summary['steps']} steps"
     if med is None:
         return head + f"; nothing to do (resumed at step {summary['resumed_from_step']})"
+    cv = summary.get("measured_cv")
+    spread = f" ± {100 * cv:.1f} %" if cv is not None else ""
     lines = [head + f", final loss {summary['final_loss']:.6f}",
-             f"median step {med * 1e3:.1f} ms ({summary['samples_per_second']:.1f} samples/s); "
-             + (f"predicted {pred * 1e3:.1f} ms ({summary['prediction']})" if pred else summary["prediction"])]
+             f"measured step {med * 1e3:.1f} ms{spread} (median; {summary['samples_per_second']:.1f} samples/s)",
+             (f"predicted step {pred * 1e3:.1f} ms ({summary['prediction']}); prediction error {100 * err:+.1f} %"
+              if pred and err is not None else summary["prediction"])]
+    if summary.get("trace"):
+        lines.append(f"trace of steps {', '.join(map(str, summary['traced_steps']))}: {summary['trace']} "
+                     f"(open in ui.perfetto.dev; `autopar simulate --trace` writes the simulated one)")
     if summary["checkpoints"]:
         lines.append(f"checkpoints: {', '.join(summary['checkpoints'])}")
     return "\n".join(lines)
@@ -314,3 +370,8 @@ def add_train_args(p) -> None:
     p.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu")
     p.add_argument("--bucket-mb", type=float, default=DEFAULT_BUCKET_BYTES / (1 << 20),
                    help="gradient all-reduce bucket size")
+    p.add_argument("--trace", metavar="FILE.json",
+                   help="profile steps on every rank (torch.profiler) and write them as one Chrome trace-event "
+                        "file (ui.perfetto.dev); traced steps are left out of the measured median")
+    p.add_argument("--trace-steps", type=int, default=2, metavar="N",
+                   help="how many steps --trace profiles, after the first (warm-up) step")

@@ -9,7 +9,8 @@
   gives exactly the timeline full simulation gives (sec. 5.2, 5.3);
 * `evaluate` — `simulate_strategy`: build, time and sum up one strategy;
 * `memory` — peak memory per device;
-* `gc_regime` — keeping Python's cyclic collector off the 10^5 containers a search holds.
+* `gc_regime` — keeping Python's cyclic collector off the 10^5 containers a search holds;
+* `trace` — a simulated step as Chrome trace-event JSON (Perfetto), beside the trainer's.
 
 The modules with a leading underscore are the simulator's machinery (task store, batched edits,
 passes, timelines); nothing outside this package imports them.
@@ -21,7 +22,8 @@ from .gc_regime import frozen_heap, gc_paused, refreeze
 from .memory import check_fits, peak_memory
 from .simulator import DeltaSimulator, TaskGraph, TaskInfo, Timeline, simulate
 from .taskgraph import OPTIMIZER_STATES, DeltaSession, TaskGraphBuilder, Transfer
+from .trace import device_process_name, simulated_trace
 
 __all__ = ["MIN_TASK_SECONDS", "OPTIMIZER_STATES", "DeltaSession", "DeltaSimulator", "SimulationResult", "TaskGraph",
-           "TaskGraphBuilder", "TaskInfo", "Timeline", "Transfer", "check_fits", "frozen_heap", "gc_paused",
-           "peak_memory", "refreeze", "simulate", "simulate_strategy", "summarize"]
+           "TaskGraphBuilder", "TaskInfo", "Timeline", "Transfer", "check_fits", "device_process_name", "frozen_heap",
+           "gc_paused", "peak_memory", "refreeze", "simulate", "simulate_strategy", "simulated_trace", "summarize"]

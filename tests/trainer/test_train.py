@@ -33,12 +33,14 @@ def test_training_a_plan_file_reports_losses_and_predicted_beside_measured_time(
     json.dumps(summary)   # the CLI prints it as JSON
     assert summary["nproc"] == 2 and summary["strategy"] == "mine" and summary["backend"] == "gloo"
     assert len(summary["losses"]) == len(summary["step_seconds"]) == 3
-    assert summary["median_step_seconds"] > 0 and summary["samples_per_second"] > 0
-    assert summary["predicted_step_seconds"] == 0.0123 and "plan file" in summary["prediction"]
+    assert summary["measured_step_s"] > 0 and summary["samples_per_second"] > 0
+    assert summary["predicted_step_s"] == 0.0123 and "plan file" in summary["prediction"]
+    assert summary["prediction_error"] == pytest.approx(0.0123 / summary["measured_step_s"] - 1)
     assert summary["checkpoints"] == [str(tmp_path / "ck" / "step-00000003.pt")]
     assert summary["metrics_port"] > 0
     assert summary["optimizer"]["name"] == "adam"
-    assert "median step" in format_summary(summary)
+    text = format_summary(summary)
+    assert "measured step" in text and f"prediction error {100 * summary['prediction_error']:+.1f} %" in text
 
 
 def test_a_plan_file_for_another_topology_is_refused_before_training(tmp_path):

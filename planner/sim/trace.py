@@ -1,0 +1,91 @@
+"""A simulated step as Chrome trace-event JSON, to open in Perfetto (ui.perfetto.dev) or
+chrome://tracing next to the measured trace of `autopar train --trace`.
+
+    doc = simulated_trace(graph, topology, timeline, task_graph)
+    json.dump(doc, open("sim.json", "w"))
+
+Layout, chosen to line up with the measured trace the trainer writes (one process per rank):
+
+* one process per device, named like the trainer's ranks ("rank 0 (localhost/rank0)" for the
+  ``local`` topology, the device name elsewhere); its thread 0 holds the compute tasks, named
+  ``fwd <op>`` and ``bwd <op>`` (the trainer's spans have the same names), and the optimizer
+  updates, ``update <parameter>``;
+* one process "links" with a thread per link that carried traffic: transfers
+  (``send <op> input j``, ``grad <op> input j``) and gradient all-reduce ring steps
+  (``allreduce <parameter>``), each on every link of its route.
+
+Times are microseconds from the start of the step (the format's unit).  Every event carries its
+task key, kind and bytes in ``args``.  Barrier tasks (the simulator's 1 ns joins of a ring) are
+left out.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..hardware.topology import DeviceTopology
+from ..ir.graph import OperatorGraph
+from .simulator import TaskGraph, Timeline
+
+_LINKS_PID = 1 << 20
+
+
+def device_process_name(topology: DeviceTopology, device: int) -> str:
+    """What a device's process is called in both traces: its rank for the local topology."""
+    name = topology.devices[device].name
+    return f"rank {device} ({name})" if dict(topology.meta).get("preset", "").startswith("local") else name
+
+
+def _task_name(graph: OperatorGraph, params: list[str], key: tuple, kind: str, label: str) -> str:
+    stage = key[0]
+    if kind in ("forward", "backward"):
+        return f"{'fwd' if kind == 'forward' else 'bwd'} {label}"
+    if kind == "update":
+        return f"update {label}"
+    if kind == "comm" and stage == 2:  # (2, parameter index, group, ring edge, part)
+        return f"allreduce {params[key[1]]}"
+    if kind == "comm":
+        n = len(graph.ops)
+        op = graph.ops[key[1] if stage == 0 else n - key[1]].name
+        return f"{'send' if stage == 0 else 'grad'} {op} input {key[3]}"
+    return f"{kind} {label}"
+
+
+def simulated_trace(graph: OperatorGraph, topology: DeviceTopology, timeline: Timeline,
+                    task_graph: TaskGraph, *, name: str = "") -> dict[str, Any]:
+    """The timeline of one simulated step as a Chrome trace-event document (module docstring)."""
+    n = topology.num_devices
+    params = list(graph.param_specs)  # a ring task's key holds the parameter's index in this order
+    events: list[dict[str, Any]] = []
+    used_links: set[int] = set()
+    for r in timeline.resources():
+        if r < n:
+            pid, tid = r, 0
+        elif r < n + len(topology.links):
+            pid, tid = _LINKS_PID, r - n
+        else:
+            continue  # the simulator's virtual resources (barriers)
+        for key, start, end in timeline.spans(r):
+            info = task_graph.task(key)
+            if info.kind == "barrier":
+                continue
+            if pid == _LINKS_PID:
+                used_links.add(tid)
+            events.append({"name": _task_name(graph, params, key, info.kind, info.label), "cat": info.kind, "ph": "X",
+                           "pid": pid, "tid": tid, "ts": start * 1e6, "dur": max(end - start, 0.0) * 1e6,
+                           "args": {"key": list(key), "bytes": info.nbytes, "where": info.label}})
+    meta = []
+    for d in range(n):
+        meta.append({"name": "process_name", "ph": "M", "pid": d, "args": {"name": device_process_name(topology, d)}})
+        meta.append({"name": "process_sort_index", "ph": "M", "pid": d, "args": {"sort_index": d}})
+        meta.append({"name": "thread_name", "ph": "M", "pid": d, "tid": 0, "args": {"name": "compute"}})
+    if used_links:
+        meta.append({"name": "process_name", "ph": "M", "pid": _LINKS_PID, "args": {"name": "links"}})
+        meta.append({"name": "process_sort_index", "ph": "M", "pid": _LINKS_PID, "args": {"sort_index": n}})
+        for li in sorted(used_links):
+            meta.append({"name": "thread_name", "ph": "M", "pid": _LINKS_PID, "tid": li,
+                         "args": {"name": topology.links[li].label}})
+    events.sort(key=lambda e: (e["pid"], e["tid"], e["ts"]))
+    return {"traceEvents": meta + events, "displayTimeUnit": "ms",
+            "otherData": {"source": "autopar simulate", "model": graph.name, "topology": topology.name,
+                          "strategy": name, "step_seconds": timeline.makespan}}
