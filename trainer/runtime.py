@@ -26,6 +26,7 @@ communication is issued in one global order; process groups are created up front
 
 from __future__ import annotations
 
+import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Mapping
@@ -45,6 +46,32 @@ from .sync import DEFAULT_BUCKET_BYTES, GradSync, plan_buckets
 
 
 _NO_SPAN = nullcontext()
+#: The parts of a step the runtime times: compute of each op's tasks forward and backward, moving
+#: inputs and their gradients between ranks (waiting for peers included), waiting for the gradient
+#: all-reduces at the end, and the optimizer step.
+PHASES = ("fwd", "bwd", "exchange", "grad exchange", "sync", "optimizer step")
+
+
+class _Span:
+    """`Runtime.span`: wall time of one phase, and a profiler label when asked for."""
+
+    __slots__ = ("rt", "phase", "name", "label", "t0")
+
+    def __init__(self, rt: "Runtime", phase: str, name: str):
+        self.rt, self.phase, self.name, self.label = rt, phase, name, None
+
+    def __enter__(self):
+        if self.rt.annotate:
+            self.label = torch.profiler.record_function(self.name)
+            self.label.__enter__()
+        self.t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        self.rt.phases[self.phase] += time.perf_counter() - self.t0
+        if self.label is not None:
+            self.label.__exit__(*exc)
+        return False
 
 
 @dataclass
@@ -116,10 +143,14 @@ class Runtime:
         self._pending: list = []
         #: Label the step's phases for torch.profiler (`trainer.trace`); off, they cost nothing.
         self.annotate = False
+        #: Wall seconds of the current step by phase (`PHASES`), what `autopar bench accuracy`
+        #: compares with the simulated step part by part; reset when a step starts.
+        self.phases: dict[str, float] = dict.fromkeys(PHASES, 0.0)
 
-    def span(self, name: str):
-        """A profiler span named `name` while `annotate` is on; else a no-op context."""
-        return torch.profiler.record_function(name) if self.annotate else _NO_SPAN
+    def span(self, phase: str, detail: str = "") -> "_Span":
+        """Time `phase` (one of `PHASES`) into `phases`; while `annotate` is on, also a profiler
+        span named ``"<phase> <detail>"``."""
+        return _Span(self, phase, f"{phase} {detail}" if detail else phase)
 
     def _views(self, fuse: bool) -> dict[str, _OpView]:
         plan, rank, g = self.plan, self.rank, self.graph
@@ -219,6 +250,7 @@ class Runtime:
         """Forward, backward and gradient synchronization of one batch; returns this rank's part of
         the loss (the partial sums of its loss tasks; summed over ranks it is the global mean).
         The shards' gradients are this batch's (set, not accumulated across calls)."""
+        self.phases = dict.fromkeys(PHASES, 0.0)
         self.sync.zero_grad()
         acts, leaves = self._forward(data)
         loss = self._local_loss(acts)
@@ -245,7 +277,7 @@ class Runtime:
             op = v.op
             inputs: dict[int, list] = {t.index: [None] * len(v.routes) for t in v.tasks}
             moves = any(not rv.idle for rv in v.routes)
-            with torch.no_grad(), (self.span(f"exchange {op.name}") if moves else _NO_SPAN):
+            with torch.no_grad(), (self.span("exchange", op.name) if moves else _NO_SPAN):
                 sends, recvs = {}, {}
                 for rv, dtype in zip(v.routes, v.dtypes):
                     if not rv.idle:
@@ -268,7 +300,7 @@ class Runtime:
                             x.requires_grad_(True)
                         xs[j] = x
                 leaves[(op.name, t.index)] = xs
-            with torch.set_grad_enabled(v.grad), self.span(f"fwd {op.name}"):
+            with torch.set_grad_enabled(v.grad), self.span("fwd", op.name):
                 if v.input_op:
                     full = data[op.name]
                     for t in v.tasks:
@@ -305,14 +337,14 @@ class Runtime:
 
     def _backward_op(self, v: _OpView, acts, leaves, accs, input_grads) -> None:
         op = v.op
-        with self.span(f"bwd {op.name}"):
+        with self.span("bwd", op.name):
             self._backward_tasks(v, acts, accs)
         for t in v.tasks:
             key = (op.name, t.index)
             input_grads[key] = [x.grad if x.is_leaf and x.requires_grad else None for x in leaves.get(key, ())]
         moving = [(rv, dtype) for rv, dtype, fused in zip(v.routes, v.dtypes, v.fused_in)
                   if rv.route.grads and not fused and not rv.idle]
-        with torch.no_grad(), (self.span(f"grad exchange {op.name}") if moving else _NO_SPAN):
+        with torch.no_grad(), (self.span("grad exchange", op.name) if moving else _NO_SPAN):
             sends, recvs = {}, {}
             for rv, dtype in moving:
                 sends.update({(d, rv.j): t for d, t in backward_sends(rv, input_grads, accs, dtype, self.device).items()})

@@ -1,0 +1,57 @@
+"""`autopar bench accuracy`: its totals are the ones the issue defines, and a small run end to end."""
+
+from __future__ import annotations
+
+import pytest
+
+from autopar.trainer.accuracy import _measured_row, kendall_tau, run_accuracy_bench, totals
+
+
+def _row(model, strategy, sim, meas, cv=0.01):
+    return {"model": model, "strategy": strategy, "simulated_s": sim, "measured_s": meas, "cv": cv,
+            "error": sim / meas - 1}
+
+
+def test_kendall_tau_counts_only_pairs_of_one_model_that_differ_beyond_twice_their_cv():
+    rows = [_row("a", "x", 1.0, 1.0), _row("a", "y", 2.0, 2.0), _row("a", "z", 3.5, 3.0),
+            _row("a", "w", 9.0, 1.01),             # within 2 CV of x: that pair is not counted
+            _row("b", "x", 5.0, 1.0)]              # another model: never paired with model a
+    tau, pairs = kendall_tau(rows)
+    # Counted: x-y, x-z, y-z (concordant), w-y, w-z (discordant); x-w is within the noise.
+    assert pairs == 5 and tau == pytest.approx((3 - 2) / 5)
+
+
+def test_totals_are_the_issues_figures():
+    rows = [_row("m", "data-parallel", 1.1, 1.0), _row("m", "searched", 0.9, 1.0), _row("m", "other", 2.0, 2.0),
+            _row("n", "searched", 1.0, 1.2), _row("n", "data-parallel", 1.0, 1.0)]
+    t = totals(rows)
+    errors = sorted(abs(r["error"]) for r in rows)
+    assert t["median_abs_error"] == pytest.approx(errors[2])
+    assert t["max_abs_error"] == pytest.approx(errors[-1])
+    assert t["mean_error"] == pytest.approx(sum(r["error"] for r in rows) / len(rows))
+    assert t["searched_vs_best_measured_by_model"] == {"m": 1.0, "n": pytest.approx(1.2)}
+    assert t["searched_vs_best_measured"] == pytest.approx(1.2)
+    assert t["met"]["searched_vs_best_measured"] is False and t["met"]["median_abs_error"] is False
+
+
+def test_a_step_lasts_as_long_as_its_slowest_rank():
+    phases = {"fwd": 0.01, "bwd": 0.02, "exchange": 0.0, "grad exchange": 0.0, "sync": 0.001, "optimizer step": 0.003}
+    rank0 = [(0.05, phases), (0.07, phases), (0.06, phases)]
+    rank1 = [(0.06, phases), (0.05, phases), (0.08, phases)]
+    med, cv, parts = _measured_row([rank0, rank1])
+    assert med == pytest.approx(0.07)          # steps last 0.06, 0.07, 0.08
+    assert parts["compute"] == pytest.approx(0.03) and parts["optimizer"] == pytest.approx(0.003)
+    assert parts["rest"] == pytest.approx(0.07 - 0.033) and cv > 0
+
+
+@pytest.mark.timeout(600)
+def test_a_small_accuracy_run_reports_every_row_and_the_totals():
+    doc = run_accuracy_bench(models=(("lenet", {"batch": 16, "image": 20}),), progress=False,
+                             warmup=1, steps=3, search_budget_s=1.0)
+    assert len(doc["rows"]) >= 6 and {r["strategy"] for r in doc["rows"]} >= {"data-parallel", "searched"}
+    for r in doc["rows"]:
+        assert r["simulated_s"] > 0 and r["measured_s"] > 0 and r["error"] == pytest.approx(
+            r["simulated_s"] / r["measured_s"] - 1)
+        assert set(r["simulated_parts_s"]) == {"compute", "optimizer", "rest"}
+    assert {"median_abs_error", "p90_abs_error", "max_abs_error", "mean_error", "kendall_tau",
+            "searched_vs_best_measured"} <= set(doc)

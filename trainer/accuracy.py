@@ -1,0 +1,311 @@
+"""`autopar bench accuracy`: the simulator's step time against the trainer's, strategy by strategy.
+
+    autopar bench accuracy --json            # 4 models x >= 6 strategies on 2 local ranks
+    autopar bench accuracy --quick --json    # the same rows, a shorter search
+
+The number a user watches is simulated against measured step time; this benchmark measures how
+far apart they are, and whether the simulator orders strategies as the machine does (FlexFlow
+sec. 8.3 asks for the order to be kept).  For each model — three zoo models and a user's own
+(``examples/models/tagger.py``, loaded as ``tagger:tagger``, the way a user names theirs):
+
+1. its op costs are measured on this machine into a private profile cache (`autopar profile`);
+2. the strategies are data parallelism, model parallelism, the expert strategy (where the model
+   has one), OptCNN's, the plan `autopar plan` finds (MCMC from several starts) and random valid
+   plans — at least six;
+3. each is simulated on ``local:2`` with that cost model (what `autopar plan` believes), and
+4. trained on 2 gloo ranks of one thread each for `warmup` + `steps` steps.  All strategies of a
+   model step in turn inside the same two processes, so they see the same machine load; a
+   step's time is its slowest rank's (each step starts at a barrier).
+
+Per row: ``simulated_s``, ``measured_s`` (median step), ``cv`` (coefficient of variation of the
+measured steps) and ``error`` = simulated / measured - 1, and both sides split into parts:
+compute (forward and backward of the ops), the optimizer step, and the rest (moving tensors,
+waiting for peers and all-reduces, framework overhead), so a row that misses says which part
+was off.  Totals: median, 90th percentile and largest absolute error, the mean signed error,
+Kendall's tau over the pairs of one model's strategies whose measured times differ by more than
+twice their CV, and ``searched_vs_best_measured``: the searched plan's measured time over the
+best measured time of its model.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch.distributed as dist
+
+from .comm import ProcessGroups
+from .errors import PlanRefusedError
+from .launch import run_local
+from .optim import OptimizerConfig
+from .runtime import PHASES
+from .session import Trainer
+from .train import Job, TrainConfig, with_dtype
+from .validate import check_plan
+
+WORLD = 2
+_OPT = OptimizerConfig("sgd", lr=0.01, momentum=0.9)
+_EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "models"
+
+#: (model, options): three zoo models at sizes a 2-core machine steps in 10-200 ms, and a user's.
+MODELS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("rnnlm", {"batch": 16, "embed": 256, "hidden": 256, "vocab": 8192, "steps": 8}),
+    ("alexnet", {"batch": 32, "image": 63, "classes": 100, "fc": 512, "dropout": 0.0}),
+    ("transformer", {"batch": 8, "seq": 64, "vocab": 4096, "d": 128, "layers": 2, "heads": 4}),
+    ("tagger:tagger", {"batch": 32}),
+)
+TARGETS = {"median_abs_error": 0.05, "p90_abs_error": 0.10, "max_abs_error": 0.20, "abs_mean_error": 0.03,
+           "kendall_tau": 0.9, "searched_vs_best_measured": 1.03}
+
+
+def _settings(quick: bool) -> dict[str, Any]:
+    return {"warmup": 5, "steps": 30, "search_budget_s": 10.0 if quick else 30.0, "random_plans": 2,
+            "profile_repeats": 5}
+
+
+# -- strategies ------------------------------------------------------------------------------------
+
+def _random_plan(graph, topology, rng: random.Random, module) -> Any:
+    """A random valid plan: every op a random SOAP configuration the runtime can execute."""
+    from autopar.planner.ir import Strategy, random_config
+    for _ in range(50):
+        configs = {op.name: random_config(op, topology.num_devices, rng) for op in graph.ops}
+        strategy = Strategy.from_mapping(graph, configs, "random")
+        try:
+            check_plan(graph, strategy, WORLD, module)
+        except PlanRefusedError:
+            continue
+        return strategy
+    raise PlanRefusedError(f"no random plan of {graph.name} the runtime can execute in 50 draws")
+
+
+def strategies(graph, topology, cost, module, settings: dict, log: Callable[[str], None]) -> dict[str, Any]:
+    """name -> strategy: the baselines, OptCNN's, the searched plan and random valid plans (>= 6)."""
+    from autopar.planner.errors import StrategyError
+    from autopar.planner.search import named_strategy, optcnn, plan
+    out: dict[str, Any] = {}
+    for name in ("data-parallel", "model-parallel", "expert", "optcnn"):
+        try:
+            # OptCNN's dynamic program with the measured costs, as `autopar plan` runs it.
+            s = (optcnn(graph, topology, cost).strategy.renamed(name) if name == "optcnn"
+                 else named_strategy(name, graph, topology))
+            check_plan(graph, s, WORLD, module)
+        except (StrategyError, PlanRefusedError) as e:
+            log(f"  {name}: left out ({str(e).splitlines()[0]})")
+            continue
+        out[name] = s
+    t0 = time.perf_counter()
+    result = plan(graph, topology, cost, budget_s=settings["search_budget_s"], seed=0)
+    log(f"  searched: {result.source}, {result.step_time * 1e3:.2f} ms simulated, "
+        f"{time.perf_counter() - t0:.0f} s of search")
+    out["searched"] = result.strategy.renamed("searched")
+    rng = random.Random(f"{graph.name}:random")
+    k = 0
+    while k < settings["random_plans"] or len(out) < 6:
+        k += 1
+        out[f"random-{k}"] = _random_plan(graph, topology, rng, module).renamed(f"random-{k}")
+    return out
+
+
+# -- simulation ------------------------------------------------------------------------------------
+
+def simulate_parts(builder, strategy) -> tuple[float, dict[str, float]]:
+    """The simulated step and its parts on its busiest device: compute (forward and backward
+    tasks), optimizer (updates) and the rest of the step (transfers, waiting, synchronization)."""
+    from autopar.planner.sim import simulate_strategy
+    res, tl, tg = simulate_strategy(builder, strategy)
+    per_dev: dict[int, dict[str, float]] = {}
+    for key in tg:
+        info = tg.task(key)
+        if isinstance(info.resource, tuple) or info.resource >= builder.num_devices:
+            continue
+        part = {"forward": "compute", "backward": "compute", "update": "optimizer"}.get(info.kind)
+        if part is not None:
+            d = per_dev.setdefault(info.resource, {"compute": 0.0, "optimizer": 0.0})
+            d[part] += info.duration
+    dev = max(per_dev, key=lambda d: per_dev[d]["compute"] + per_dev[d]["optimizer"])
+    parts = dict(per_dev[dev])
+    parts["rest"] = res.step_time - parts["compute"] - parts["optimizer"]
+    return res.step_time, parts
+
+
+# -- measurement (runs in the ranks) -----------------------------------------------------------------
+
+def _measure(rank: int, world: int, jobs: list[Job], warmup: int, steps: int) -> list[list[tuple[float, dict]]]:
+    """Step every job in turn `warmup + steps` times; per job, (seconds, phases) of each timed step."""
+    trainers = [Trainer(job, rank, world, ProcessGroups()) for job in jobs]
+    out: list[list[tuple[float, dict]]] = [[] for _ in trainers]
+    for s in range(warmup + steps):
+        for k, tr in enumerate(trainers):
+            dist.barrier()
+            t0 = time.perf_counter()
+            tr.train_step(s)
+            seconds = time.perf_counter() - t0
+            if s >= warmup:
+                out[k].append((seconds, dict(tr.runtime.phases)))
+    return out
+
+
+def _measured_row(per_rank: list[list[tuple[float, dict]]]) -> tuple[float, float, dict[str, float]]:
+    """(median step, CV, parts) of one job: a step lasts as long as its slowest rank; the parts are
+    the slowest rank's medians."""
+    steps = list(zip(*per_rank))                   # per step: each rank's (seconds, phases)
+    worst = [max(s, key=lambda rp: rp[0]) for s in steps]
+    times = [w[0] for w in worst]
+    med = statistics.median(times)
+    cv = statistics.stdev(times) / statistics.fmean(times) if len(times) > 1 else 0.0
+
+    def part(names) -> float:
+        return statistics.median(sum(w[1][n] for n in names) for w in worst)
+    compute, optimizer = part(("fwd", "bwd")), part(("optimizer step",))
+    parts = {"compute": compute, "optimizer": optimizer, "rest": med - compute - optimizer,
+             "moving": part(("exchange", "grad exchange")), "sync_wait": part(("sync",))}
+    return med, cv, parts
+
+
+# -- totals ----------------------------------------------------------------------------------------
+
+def kendall_tau(rows: list[dict[str, Any]]) -> tuple[float | None, int]:
+    """Kendall's tau between simulated and measured order over the pairs of one model's rows whose
+    measured times differ by more than twice their CV (relative to the faster); (tau, pairs)."""
+    concordant = discordant = 0
+    for a, b in itertools.combinations(rows, 2):
+        if a["model"] != b["model"]:
+            continue
+        lo = min(a["measured_s"], b["measured_s"])
+        if abs(a["measured_s"] - b["measured_s"]) <= 2 * max(a["cv"], b["cv"]) * lo:
+            continue
+        same = (a["simulated_s"] - b["simulated_s"]) * (a["measured_s"] - b["measured_s"])
+        if same > 0:
+            concordant += 1
+        else:
+            discordant += 1
+    pairs = concordant + discordant
+    return ((concordant - discordant) / pairs if pairs else None), pairs
+
+
+def _quantile(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    pos = q * (len(xs) - 1)
+    lo = int(pos)
+    return xs[lo] + (xs[min(lo + 1, len(xs) - 1)] - xs[lo]) * (pos - lo)
+
+
+def totals(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    errs = [r["error"] for r in rows]
+    absolute = [abs(e) for e in errs]
+    tau, pairs = kendall_tau(rows)
+    searched = {}
+    for model in dict.fromkeys(r["model"] for r in rows):
+        mine = [r for r in rows if r["model"] == model]
+        best = min(r["measured_s"] for r in mine)
+        s = next((r for r in mine if r["strategy"] == "searched"), None)
+        if s is not None:
+            searched[model] = s["measured_s"] / best
+    out = {"median_abs_error": statistics.median(absolute), "p90_abs_error": _quantile(absolute, 0.9),
+           "max_abs_error": max(absolute), "mean_error": statistics.fmean(errs), "kendall_tau": tau,
+           "kendall_pairs": pairs, "searched_vs_best_measured": max(searched.values()) if searched else None,
+           "searched_vs_best_measured_by_model": searched}
+    got = {"median_abs_error": out["median_abs_error"], "p90_abs_error": out["p90_abs_error"],
+           "max_abs_error": out["max_abs_error"], "abs_mean_error": abs(out["mean_error"])}
+    out["targets"] = TARGETS
+    out["met"] = {k: v <= TARGETS[k] for k, v in got.items()}
+    out["met"]["kendall_tau"] = tau is not None and tau >= TARGETS["kendall_tau"]
+    out["met"]["searched_vs_best_measured"] = (out["searched_vs_best_measured"] is not None
+                                               and out["searched_vs_best_measured"] <= TARGETS["searched_vs_best_measured"])
+    return out
+
+
+def _off_part(sim: dict[str, float], meas: dict[str, float]) -> str:
+    """The part whose simulated seconds are furthest from the measured ones."""
+    gaps = {k: sim[k] - meas[k] for k in ("compute", "optimizer", "rest")}
+    k = max(gaps, key=lambda p: abs(gaps[p]))
+    return f"{k} {'over' if gaps[k] > 0 else 'under'} by {abs(gaps[k]) * 1e3:.1f} ms"
+
+
+# -- the benchmark ---------------------------------------------------------------------------------
+
+def run_accuracy_bench(quick: bool = False, progress: bool = True,
+                       models: tuple[tuple[str, dict[str, Any]], ...] = MODELS, **overrides: Any) -> dict[str, Any]:
+    """Every model's rows and the totals; the returned dict is the JSON of the benchmark.
+    `overrides` replace settings (``warmup``, ``steps``, ``search_budget_s``, ``random_plans``)."""
+    from autopar.planner.cost import CostModel, ProfileCache, profile_local
+    from autopar.planner.hardware import get_preset
+    from autopar.planner.ir import import_spec
+    from autopar.planner.sim import TaskGraphBuilder
+    from autopar.planner.zoo import load_model
+
+    def log(msg: str) -> None:
+        if progress:
+            print(msg, file=sys.stderr, flush=True)
+
+    if str(_EXAMPLES) not in sys.path:
+        sys.path.append(str(_EXAMPLES))   # the user's model lives there, as a user's would
+    cfg = {**_settings(quick), **overrides}
+    topology = get_preset(f"local:{WORLD}")
+    rows: list[dict[str, Any]] = []
+    t_all = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="autopar-accuracy-") as tmp:
+        cache = ProfileCache.load(Path(tmp) / "profile.json")
+        for model, options in models:
+            log(f"{model} {options}")
+            spec = with_dtype(load_model(model, **options), None)
+            graph = import_spec(spec)
+            t0 = time.perf_counter()
+            report = profile_local([model], workers=WORLD, options=options, cache=cache,
+                                   repeats=cfg["profile_repeats"], warmup=2)
+            log(f"  profiled {len(report.measured)} task shapes in {time.perf_counter() - t0:.0f} s")
+            cost = CostModel(cache).bind(graph)
+            chosen = strategies(graph, topology, cost, spec.module, cfg, log)
+            builder = TaskGraphBuilder(graph, topology, cost, _OPT.name)
+            simulated = {name: simulate_parts(builder, s) for name, s in chosen.items()}
+            jobs = [Job(TrainConfig(model=model, optimizer=_OPT, log=False), spec, graph, s) for s in chosen.values()]
+            t0 = time.perf_counter()
+            per_rank = run_local(_measure, WORLD, (jobs, cfg["warmup"], cfg["steps"]))
+            log(f"  trained {len(jobs)} strategies x {cfg['warmup'] + cfg['steps']} steps in "
+                f"{time.perf_counter() - t0:.0f} s")
+            for k, name in enumerate(chosen):
+                med, cv, mparts = _measured_row([r[k] for r in per_rank])
+                sim_s, sparts = simulated[name]
+                row = {"model": graph.name, "strategy": name, "simulated_s": sim_s, "measured_s": med, "cv": cv,
+                       "error": sim_s / med - 1.0, "simulated_parts_s": sparts, "measured_parts_s": mparts}
+                row["off"] = _off_part(sparts, mparts)
+                rows.append(row)
+                log(f"  {name:15s} simulated {sim_s * 1e3:8.2f} ms  measured {med * 1e3:8.2f} ms "
+                    f"(cv {100 * cv:4.1f} %)  error {100 * row['error']:+6.1f} %   {row['off']}")
+    doc = {"world_size": WORLD, "backend": "gloo", "threads_per_rank": 1, "quick": quick,
+           "warmup_steps": cfg["warmup"], "measured_steps": cfg["steps"], "search_budget_s": cfg["search_budget_s"],
+           "models": [{"model": m, "options": o} for m, o in models], "rows": rows, **totals(rows),
+           "wall_seconds": time.perf_counter() - t_all}
+    return doc
+
+
+def print_table(doc: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    table = Table(title=f"simulated against measured step time, {doc['world_size']} gloo ranks, "
+                        f"{doc['measured_steps']} steps after {doc['warmup_steps']}")
+    for col in ("model", "strategy", "simulated", "measured", "cv", "error", "most off"):
+        table.add_column(col, justify="left" if col in ("model", "strategy", "most off") else "right")
+    for r in doc["rows"]:
+        table.add_row(r["model"], r["strategy"], f"{r['simulated_s'] * 1e3:.2f} ms", f"{r['measured_s'] * 1e3:.2f} ms",
+                      f"{100 * r['cv']:.1f} %", f"{100 * r['error']:+.1f} %", r["off"])
+    console = Console(width=None if sys.stdout.isatty() else 140)
+    console.print(table)
+    t = doc["targets"]
+    tau = "n/a" if doc["kendall_tau"] is None else f"{doc['kendall_tau']:.2f}"
+    searched = doc["searched_vs_best_measured"]
+    searched = "n/a" if searched is None else f"{searched:.3f}"
+    console.print(
+        f"median |error| {100 * doc['median_abs_error']:.1f} % (target {100 * t['median_abs_error']:.0f} %), "
+        f"p90 {100 * doc['p90_abs_error']:.1f} % ({100 * t['p90_abs_error']:.0f} %), "
+        f"max {100 * doc['max_abs_error']:.1f} % ({100 * t['max_abs_error']:.0f} %), "
+        f"mean {100 * doc['mean_error']:+.1f} % (|·| {100 * t['abs_mean_error']:.0f} %), "
+        f"Kendall tau {tau} over {doc['kendall_pairs']} pairs ({t['kendall_tau']}), "
+        f"searched / best measured {searched} ({t['searched_vs_best_measured']})")
