@@ -234,7 +234,8 @@ def _off_part(sim: dict[str, float], meas: dict[str, float]) -> str:
 def run_accuracy_bench(quick: bool = False, progress: bool = True,
                        models: tuple[tuple[str, dict[str, Any]], ...] = MODELS, **overrides: Any) -> dict[str, Any]:
     """Every model's rows and the totals; the returned dict is the JSON of the benchmark.
-    `overrides` replace settings (``warmup``, ``steps``, ``search_budget_s``, ``random_plans``)."""
+    `overrides` replace settings (``warmup``, ``steps``, ``search_budget_s``, ``random_plans``, and
+    ``profile_cache``: a cache file to measure into and keep, instead of a private temporary one)."""
     from autopar.planner.cost import CostModel, ProfileCache, profile_local
     from autopar.planner.hardware import get_preset
     from autopar.planner.ir import import_spec
@@ -252,7 +253,7 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
     rows: list[dict[str, Any]] = []
     t_all = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="autopar-accuracy-") as tmp:
-        cache = ProfileCache.load(Path(tmp) / "profile.json")
+        cache = ProfileCache.load(Path(cfg.get("profile_cache") or Path(tmp) / "profile.json"))
         for model, options in models:
             log(f"{model} {options}")
             spec = with_dtype(load_model(model, **options), None)
@@ -274,7 +275,9 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
                 med, cv, mparts = _measured_row([r[k] for r in per_rank])
                 sim_s, sparts = simulated[name]
                 row = {"model": graph.name, "strategy": name, "simulated_s": sim_s, "measured_s": med, "cv": cv,
-                       "error": sim_s / med - 1.0, "simulated_parts_s": sparts, "measured_parts_s": mparts}
+                       "error": sim_s / med - 1.0, "simulated_parts_s": sparts, "measured_parts_s": mparts,
+                       "plan": {op.name: [list(chosen[name][op.name].degrees), list(chosen[name][op.name].devices)]
+                                for op in graph.ops}}
                 row["off"] = _off_part(sparts, mparts)
                 rows.append(row)
                 log(f"  {name:15s} simulated {sim_s * 1e3:8.2f} ms  measured {med * 1e3:8.2f} ms "

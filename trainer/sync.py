@@ -26,16 +26,14 @@ from typing import TYPE_CHECKING, Mapping
 import torch
 import torch.distributed as dist
 
-from autopar.planner.ir import DTYPE_BYTES, Box, cells, translate, volume
+from autopar.planner.ir import Box, translate, volume
+from autopar.planner.sim import DEFAULT_BUCKET_BYTES, plan_buckets as sim_plan_buckets
 
 from .plan import ExecutionPlan
 
 if TYPE_CHECKING:
     from .shards import Shard
 
-#: Bucket size in bytes: large enough that the per-message latency (~0.1 ms for gloo over
-#: loopback) is small against the transfer, small enough that early buckets overlap with compute.
-DEFAULT_BUCKET_BYTES = 4 << 20
 
 
 @dataclass(frozen=True)
@@ -60,32 +58,13 @@ class Bucket:
 
 
 def plan_buckets(plan: ExecutionPlan, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> list[Bucket]:
-    """All buckets of a step in issue order (the same list on every rank).
+    """All buckets of a step in issue order (the same list on every rank): the planner's buckets
+    (`planner.sim.plan_buckets`), so the simulator times exactly the all-reduces this issues.
 
     One open bucket per (device set, dtype); cells join in the order their parameters become final.
     """
-    g = plan.graph
-    ready: dict[int, list[str]] = {}
-    for p, i in plan.param_ready_index.items():
-        ready.setdefault(i, []).append(p)
-    open_: dict[tuple[tuple[int, ...], str], list[SyncEntry]] = {}
-    size: dict[tuple[tuple[int, ...], str], int] = {}
-    out: list[Bucket] = []
-    for i in range(len(g.ops) - 1, -1, -1):
-        for p in ready.get(i, ()):
-            spec = g.param_specs[p]
-            for box, holders in cells(plan.param_holdings[p]):
-                if len(holders) < 2:
-                    continue
-                key = (holders, spec.dtype)
-                open_.setdefault(key, []).append(SyncEntry(p, box))
-                size[key] = size.get(key, 0) + volume(box) * DTYPE_BYTES[spec.dtype]
-                if size[key] >= bucket_bytes:
-                    out.append(Bucket(holders, tuple(open_.pop(key)), i))
-                    size.pop(key)
-    for key in sorted(open_):
-        out.append(Bucket(key[0], tuple(open_[key]), 0))
-    return out
+    return [Bucket(b.devices, tuple(SyncEntry(p, box) for p, box in b.entries), b.after_op)
+            for b in sim_plan_buckets(plan.graph, plan.param_holdings, bucket_bytes)]
 
 
 class GradSync:

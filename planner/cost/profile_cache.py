@@ -41,6 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import CostModelError
 from ..fileio import atomic_write
+from .calibration import RuntimeCalibration, calibration_key
 from ..ir.graph import Op
 from ..ir.regions import Range
 
@@ -178,16 +179,23 @@ class _CacheFile(BaseModel):
     model_config = ConfigDict(extra="ignore")
     version: int
     entries: dict[str, _Entry]
+    # Runtime calibrations (`planner.cost.calibration`) by "product|backend|world"; older files
+    # have none, and older autopars ignore them.
+    calibrations: dict[str, dict[str, Any]] = {}
 
 
 class ProfileCache:
     """Measured (forward, backward) seconds per task key; see the module docstring."""
 
-    def __init__(self, entries: Mapping[str, tuple[float, float]] | None = None, path: str | os.PathLike | None = None):
+    def __init__(self, entries: Mapping[str, tuple[float, float]] | None = None, path: str | os.PathLike | None = None,
+                 calibrations: Mapping[str, Any] | None = None):
         self._entries: dict[str, tuple[float, float]] = {}
+        self._calibrations: dict[str, Any] = {}
         self.path = Path(path) if path is not None else None
         for k, (f, b) in (entries or {}).items():
             self.put(k, f, b)
+        for c in (calibrations or {}).values():
+            self.put_calibration(c if isinstance(c, RuntimeCalibration) else RuntimeCalibration.from_json(c))
 
     @classmethod
     def load(cls, path: str | os.PathLike | None = None) -> "ProfileCache":
@@ -210,7 +218,11 @@ class ProfileCache:
         if doc.version != FORMAT_VERSION:
             raise CostModelError(f"profile cache {p} has format version {doc.version}, this autopar reads "
                                  f"version {FORMAT_VERSION}; delete it or re-run `autopar profile` to rebuild it")
-        return cls({k: (v.forward, v.backward) for k, v in doc.entries.items()}, path=p)
+        try:
+            return cls({k: (v.forward, v.backward) for k, v in doc.entries.items()}, path=p,
+                       calibrations=doc.calibrations)
+        except CostModelError as e:
+            raise CostModelError(f"profile cache {p}: {e}") from e
 
     def save(self, path: str | os.PathLike | None = None) -> Path:
         """Write the cache atomically (temporary file in the same directory, then ``os.replace``)."""
@@ -218,6 +230,7 @@ class ProfileCache:
         doc: dict[str, Any] = {
             "version": FORMAT_VERSION,
             "entries": {k: {"forward": f, "backward": b} for k, (f, b) in sorted(self._entries.items())},
+            "calibrations": {k: c.to_json() for k, c in sorted(self._calibrations.items())},
         }
         def dump(fh) -> None:
             json.dump(doc, fh, indent=1)
@@ -236,6 +249,16 @@ class ProfileCache:
             raise CostModelError(f"profile entry {key}: times must be finite and non-negative, "
                                  f"got forward {forward} s and backward {backward} s")
         self._entries[key] = (f, b)
+
+    def calibration(self, product: str, backend: str, world: int) -> RuntimeCalibration | None:
+        """The measured runtime calibration of (device product, backend, world size), if any."""
+        return self._calibrations.get(calibration_key(product, backend, world))
+
+    def put_calibration(self, calibration: RuntimeCalibration) -> None:
+        self._calibrations[calibration.key] = calibration
+
+    def calibrations(self) -> list[RuntimeCalibration]:
+        return [self._calibrations[k] for k in sorted(self._calibrations)]
 
     def __contains__(self, key: object) -> bool:
         return key in self._entries

@@ -17,6 +17,7 @@ passes, timelines); nothing outside this package imports them.
 """
 
 from ._plans import MIN_TASK_SECONDS
+from .buckets import DEFAULT_BUCKET_BYTES, SyncBucket, plan_buckets
 from .evaluate import SimulationResult, simulate_strategy, summarize
 from .gc_regime import frozen_heap, gc_paused, refreeze
 from .memory import check_fits, peak_memory
@@ -24,6 +25,6 @@ from .simulator import DeltaSimulator, TaskGraph, TaskInfo, Timeline, simulate
 from .taskgraph import OPTIMIZER_STATES, DeltaSession, TaskGraphBuilder, Transfer
 from .trace import device_process_name, simulated_trace
 
-__all__ = ["MIN_TASK_SECONDS", "OPTIMIZER_STATES", "DeltaSession", "DeltaSimulator", "SimulationResult", "TaskGraph",
+__all__ = ["DEFAULT_BUCKET_BYTES", "MIN_TASK_SECONDS", "OPTIMIZER_STATES", "SyncBucket", "plan_buckets", "DeltaSession", "DeltaSimulator", "SimulationResult", "TaskGraph",
            "TaskGraphBuilder", "TaskInfo", "Timeline", "Transfer", "check_fits", "device_process_name", "frozen_heap",
            "gc_paused", "peak_memory", "refreeze", "simulate", "simulate_strategy", "simulated_trace", "summarize"]

@@ -51,6 +51,8 @@ from ..ir.regions import Box, intersect, maximal, volume
 from ._plans import (_MIN_TRANSFER_BYTES, PlanMemo, _sync_groups, edge_plan, op_plan, param_core, param_feed,
                      param_plan, route_columns)
 from ..ir.strategy import ParallelConfig, Strategy, check_config
+from . import trainer_model
+from .buckets import DEFAULT_BUCKET_BYTES
 from .gc_regime import gc_paused, refreeze
 from .simulator import DeltaSimulator, TaskGraph, Timeline
 
@@ -82,7 +84,12 @@ class TaskGraphBuilder:
     builder is made (the cost model's own memo assumes that already).
     """
 
-    def __init__(self, graph: OperatorGraph, topology, cost: CostModel, optimizer: str = "sgd"):
+    def __init__(self, graph: OperatorGraph, topology, cost: CostModel, optimizer: str = "sgd", *,
+                 runtime="auto", bucket_bytes: int = DEFAULT_BUCKET_BYTES):
+        """`runtime`: ``"auto"`` models the step as autopar's trainer runs it where the trainer's
+        model applies (`planner.sim.trainer_model.trainer_calibration`: local CPU ranks) and as
+        FlexFlow's idealized runtime elsewhere; a `RuntimeCalibration` forces the trainer's model
+        with it; None forces FlexFlow's.  `bucket_bytes` is the trainer's all-reduce bucket size."""
         if optimizer not in OPTIMIZER_STATES:
             raise StrategyError(f"unknown optimizer {optimizer!r}; known: {', '.join(OPTIMIZER_STATES)}")
         self.graph = graph
@@ -103,6 +110,11 @@ class TaskGraphBuilder:
         self._box_lists: dict = {}  # interned tuples of parameter boxes (`_holdings`)
         # Whole task groups per configuration (`planner.sim._plans`).
         self._plans = PlanMemo()
+        self.runtime = trainer_model.trainer_calibration(topology, cost) if runtime == "auto" else runtime
+        self.bucket_bytes = bucket_bytes
+        if self.runtime is not None:
+            self._requires_grad = trainer_model.requires_grad(graph)
+            self._held: dict = {}  # (parameter, its users' configurations) -> holdings
 
     # -- memoized, placement-free pieces -----------------------------------------------------
     def _task_ranges(self, op: Op, degrees: tuple[int, ...]) -> list[dict]:
@@ -214,13 +226,18 @@ class TaskGraphBuilder:
         strategy.validate(self.graph, self.num_devices)
         tg = into if into is not None else TaskGraph()
         with gc_paused():
+            if self.runtime is not None:
+                self._add_plan(tg, self._chain_plan())
             for i, op in enumerate(self.graph.ops):
                 self._add_op(tg, i, op, strategy[op.name])
             for i, op in enumerate(self.graph.ops):
                 for j in range(len(op.inputs)):
                     self._add_edge_group(tg, strategy, i, op, j)
-            for p in self.graph.param_specs:
-                self._add_param_group(tg, strategy, p)
+            if self.runtime is not None:
+                self._add_plan(tg, self._sync_plan(strategy))
+            else:
+                for p in self.graph.param_specs:
+                    self._add_param_group(tg, strategy, p)
             refreeze()  # in a search (`gc_regime.frozen_heap`), the collector leaves this graph alone
         return tg
 
@@ -231,7 +248,32 @@ class TaskGraphBuilder:
     def _op_plan(self, i: int, op: Op, cfg: ParallelConfig) -> tuple:
         plan = self._plans.get((i, cfg))
         if plan is None:
-            plan = self._plans.put((i, cfg), op_plan(self, i, op, cfg))
+            build = op_plan if self.runtime is None else trainer_model.op_plan
+            plan = self._plans.put((i, cfg), build(self, i, op, cfg))
+        return plan
+
+    def _chain_plan(self) -> tuple:
+        """The trainer model's static program barriers (`planner.sim.trainer_model.chain_plan`)."""
+        plan = self._plans.get(("chain",))
+        if plan is None:
+            plan = self._plans.put(("chain",), trainer_model.chain_plan(self))
+        return plan
+
+    def _sync_plan(self, strategy: Strategy) -> tuple:
+        """The trainer model's buckets, waits and optimizer steps for `strategy`'s holdings
+        (`planner.sim.trainer_model.sync_plan`), memoized per holdings."""
+        holdings = {}
+        for p in self.graph.param_specs:
+            users = self.graph.param_users[p]
+            configs = tuple(strategy[u] for u in users)
+            held = self._held.get((p, configs))
+            if held is None:
+                held = self._held[(p, configs)] = self._holdings(users, configs, p)
+            holdings[p] = held
+        key = ("sync", tuple((p, tuple((d, tuple(bs)) for d, bs in sorted(h.items()))) for p, h in holdings.items()))
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans.put(key, trainer_model.sync_plan(self, holdings))
         return plan
 
     def _hops(self, src: int, dst: int) -> tuple[float, tuple[tuple[int, float, str], ...]]:
@@ -261,7 +303,8 @@ class TaskGraphBuilder:
         key = (i, j, ccfg, pcfg)
         plan = self._plans.get(key)
         if plan is None:
-            plan = self._plans.put(key, edge_plan(self, i, op, j, ccfg, pcfg))
+            build = edge_plan if self.runtime is None else trainer_model.edge_plan
+            plan = self._plans.put(key, build(self, i, op, j, ccfg, pcfg))
         return plan
 
     def _add_param_group(self, tg, strategy: Strategy, param: str) -> list:
@@ -387,6 +430,9 @@ class DeltaSession:
         self.sim = DeltaSimulator(TaskGraph(), track=False)
         g = builder.graph
         with gc_paused():
+            if builder.runtime is not None:
+                self._owned[("chain",)] = plan = builder._chain_plan()
+                builder._add_plan(self.sim, plan)
             for i, op in enumerate(g.ops):
                 self._owned[("op", i)] = plan = builder._op_plan(i, op, strategy[op.name])
                 builder._add_plan(self.sim, plan)
@@ -394,9 +440,13 @@ class DeltaSession:
                 for j in range(len(op.inputs)):
                     self._owned[("edge", i, j)] = plan = builder._edge_plan(strategy, i, op, j)
                     builder._add_plan(self.sim, plan)
-            for p in g.param_specs:
-                self._owned[("param", p)] = plan = builder._param_plan(strategy, p)
+            if builder.runtime is not None:
+                self._owned[("sync",)] = plan = builder._sync_plan(strategy)
                 builder._add_plan(self.sim, plan)
+            else:
+                for p in g.param_specs:
+                    self._owned[("param", p)] = plan = builder._param_plan(strategy, p)
+                    builder._add_plan(self.sim, plan)
             self.sim.resimulate()
             refreeze()  # in a search (`gc_regime.frozen_heap`), the collector leaves this graph alone
 
@@ -460,8 +510,12 @@ class DeltaSession:
         for owner in edges:
             ci, j = owner[1], owner[2]
             new_plans[owner] = b._edge_plan(strategy, ci, g.ops[ci], j)
-        for p in params:
-            new_plans[("param", p)] = b._param_plan(strategy, p)
+        if b.runtime is not None:
+            if params:
+                new_plans[("sync",)] = b._sync_plan(strategy)
+        else:
+            for p in params:
+                new_plans[("param", p)] = b._param_plan(strategy, p)
         diffs = {}
         for owner, plan in new_plans.items():
             old = owned.get(owner)

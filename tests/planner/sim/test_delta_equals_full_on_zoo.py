@@ -33,7 +33,9 @@ SMALL = {
     "nmt": dict(batch=8, src_vocab=64, tgt_vocab=64, embed=16, hidden=16, layers=2, src_len=4, tgt_len=4),
     "transformer": dict(batch=4, vocab=64, seq=8, d=16, heads=2, layers=2),
 }
-TOPOLOGIES = ["p100-1x4", "k80-2x2"]
+# FlexFlow's idealized runtime on GPU presets; the trainer's model (program order, exchanges,
+# buckets; `planner.sim.trainer_model`) on local CPU ranks.
+TOPOLOGIES = ["p100-1x4", "k80-2x2", "local:2", "local:3"]
 
 
 @lru_cache(maxsize=None)

@@ -1,0 +1,183 @@
+"""What autopar's trainer costs beyond its ops' kernels, measured on the machine it runs on.
+
+The best simulators of distributed training (Lumos, DistSim, Proteus, DistIR calibrated) get
+their accuracy from measuring what a per-op profile cannot see: the framework's overhead around
+each op, communication as the library really performs it, and the optimizer step.  A
+`RuntimeCalibration` holds those numbers for one device product, communication backend and world
+size; `autopar profile` measures it (`planner.cost.profiler.calibrate`) and the profile cache
+keeps it beside the op times.  The simulator reads it when it models the trainer's execution
+(`planner.sim.trainer_model`).
+
+* **Overheads** — seconds the runtime spends per forward task and per backward task beyond the
+  kernel (slicing inputs, building outputs, autograd bookkeeping), and per exchange of an op's
+  inputs or gradients (a ``batch_isend_irecv`` round).  Measured as intercepts: the runtime's
+  own step on a chain of tiny ops, divided by the ops (DistIR's per-op constant overhead).
+* **Point to point** — seconds for one message of n bytes from one rank to another, end to end,
+  `Curve`-interpolated between sizes measured at powers of two.
+* **All-reduce** — seconds for an all-reduce of n bytes among r ranks, one curve per group size.
+* **Optimizer** — seconds of one ``optimizer.step()`` per parameter tensor and per parameter
+  byte, for each optimizer (the trainer's ``torch.optim`` with its default foreach kernels).
+* ``comm_uses_cores`` — whether communication's work (the backend's threads copying, reducing,
+  driving sockets) runs on the cores the ranks compute on: true on CPU ranks when the machine has
+  fewer than two cores per rank.  The simulator then charges a transfer to its endpoints' time.
+
+Curves are made monotone (non-decreasing in bytes) by isotonic regression of the measured
+medians, so noise never makes a larger message cheaper; between points they are linear, beyond
+the last point they extend the last segment's slope.
+
+`default_calibration` gives the numbers this machine's gloo ranks measured (a 2-core Xeon, torch
+2.13) for when nothing was calibrated yet; a plan made from them says so (`source`).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+from ..errors import CostModelError
+
+
+@dataclass(frozen=True)
+class Curve:
+    """Seconds as a non-decreasing piecewise-linear function of bytes (module docstring)."""
+
+    points: tuple[tuple[float, float], ...]   # (bytes, seconds), bytes ascending, seconds non-decreasing
+
+    def __post_init__(self) -> None:
+        if not self.points:
+            raise CostModelError("a communication curve needs at least one measured point")
+        xs = [x for x, _ in self.points]
+        ys = [y for _, y in self.points]
+        if any(b <= a for a, b in zip(xs, xs[1:])) or any(b < a for a, b in zip(ys, ys[1:])):
+            raise CostModelError(f"communication curve points must have ascending bytes and non-decreasing "
+                                 f"seconds, got {self.points!r}; build it with Curve.fit(samples)")
+        if any(not math.isfinite(v) or v < 0 for p in self.points for v in p):
+            raise CostModelError(f"communication curve points must be finite and non-negative: {self.points!r}")
+
+    @classmethod
+    def fit(cls, samples: Iterable[tuple[float, float]]) -> "Curve":
+        """The monotone curve closest (least squares) to measured (bytes, seconds) samples: samples
+        of one size are averaged, then pool-adjacent-violators makes the sequence non-decreasing."""
+        by_size: dict[float, list[float]] = {}
+        for b, s in samples:
+            by_size.setdefault(float(b), []).append(float(s))
+        blocks: list[list[float]] = []   # [first bytes, last bytes, mean seconds, weight]
+        for b in sorted(by_size):
+            vals = by_size[b]
+            blocks.append([b, b, sum(vals) / len(vals), len(vals)])
+            while len(blocks) > 1 and blocks[-2][2] > blocks[-1][2]:
+                hi = blocks.pop()
+                lo = blocks[-1]
+                w = lo[3] + hi[3]
+                lo[1], lo[2], lo[3] = hi[1], (lo[2] * lo[3] + hi[2] * hi[3]) / w, w
+        points = []
+        for first, last, mean, _ in blocks:
+            points.append((first, mean))
+            if last != first:
+                points.append((last, mean))
+        return cls(tuple(points))
+
+    @classmethod
+    def linear(cls, latency: float, bandwidth: float) -> "Curve":
+        """``latency + bytes / bandwidth`` (an analytic link, for topologies nothing was measured on)."""
+        big = float(1 << 30)
+        return cls(((0.0, latency), (big, latency + big / bandwidth)))
+
+    def __call__(self, nbytes: float) -> float:
+        pts = self.points
+        if len(pts) == 1 or nbytes <= pts[0][0]:
+            return pts[0][1]
+        k = bisect.bisect_right([x for x, _ in pts], nbytes)
+        if k >= len(pts):
+            (x0, y0), (x1, y1) = pts[-2], pts[-1]
+        else:
+            (x0, y0), (x1, y1) = pts[k - 1], pts[k]
+        return y0 + (y1 - y0) * (nbytes - x0) / (x1 - x0)
+
+    def to_json(self) -> list[list[float]]:
+        return [[x, y] for x, y in self.points]
+
+    @classmethod
+    def from_json(cls, doc: Any) -> "Curve":
+        return cls(tuple((float(x), float(y)) for x, y in doc))
+
+
+@dataclass(frozen=True)
+class RuntimeCalibration:
+    """The trainer's costs beyond op kernels on one (device product, backend, world size)."""
+
+    product: str
+    backend: str
+    world: int
+    fwd_task_s: float
+    bwd_task_s: float
+    exchange_s: float
+    p2p: Curve
+    allreduce: tuple[tuple[int, Curve], ...]      # (group size, curve), ascending group size
+    optimizer: tuple[tuple[str, float, float], ...]   # (name, seconds per tensor, seconds per byte)
+    comm_uses_cores: bool
+    source: str = "measured"                       # "measured" or "default"
+    details: tuple[tuple[str, Any], ...] = field(default=(), compare=False)
+
+    def allreduce_time(self, nbytes: float, group: int) -> float:
+        """Seconds of an all-reduce of `nbytes` among `group` ranks (the nearest measured group
+        size at or above, else the largest)."""
+        for size, curve in self.allreduce:
+            if size >= group:
+                return curve(nbytes)
+        return self.allreduce[-1][1](nbytes)
+
+    def optimizer_time(self, name: str, tensors: int, nbytes: float) -> float | None:
+        """Seconds of one step of optimizer `name` over `tensors` parameter tensors of `nbytes`
+        bytes in all; None when this calibration has not measured that optimizer."""
+        for opt, per_tensor, per_byte in self.optimizer:
+            if opt == name:
+                return tensors * per_tensor + nbytes * per_byte
+        return None
+
+    @property
+    def key(self) -> str:
+        return calibration_key(self.product, self.backend, self.world)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"product": self.product, "backend": self.backend, "world": self.world,
+                "fwd_task_s": self.fwd_task_s, "bwd_task_s": self.bwd_task_s, "exchange_s": self.exchange_s,
+                "p2p": self.p2p.to_json(), "allreduce": {str(g): c.to_json() for g, c in self.allreduce},
+                "optimizer": {name: {"tensor_s": t, "byte_s": b} for name, t, b in self.optimizer},
+                "comm_uses_cores": self.comm_uses_cores,
+                "source": self.source, "details": dict(self.details)}
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> "RuntimeCalibration":
+        try:
+            return cls(product=str(doc["product"]), backend=str(doc["backend"]), world=int(doc["world"]),
+                       fwd_task_s=float(doc["fwd_task_s"]), bwd_task_s=float(doc["bwd_task_s"]),
+                       exchange_s=float(doc["exchange_s"]), p2p=Curve.from_json(doc["p2p"]),
+                       allreduce=tuple(sorted((int(g), Curve.from_json(c)) for g, c in doc["allreduce"].items())),
+                       optimizer=tuple(sorted((str(k), float(v["tensor_s"]), float(v["byte_s"]))
+                                              for k, v in dict(doc.get("optimizer") or {}).items())),
+                       comm_uses_cores=bool(doc["comm_uses_cores"]), source=str(doc.get("source", "measured")),
+                       details=tuple(sorted(dict(doc.get("details") or {}).items())))
+        except (KeyError, TypeError, ValueError) as e:
+            raise CostModelError(f"runtime calibration {doc.get('product', '?')}/{doc.get('backend', '?')}: "
+                                 f"{type(e).__name__}: {e}; re-run `autopar profile` to measure it again") from e
+
+
+def calibration_key(product: str, backend: str, world: int) -> str:
+    return f"{product}|{backend}|{world}"
+
+
+def default_calibration(product: str, backend: str, world: int, cores: int | None = None) -> RuntimeCalibration:
+    """Numbers measured on this project's development machine (2-core Xeon, gloo over loopback,
+    torch 2.13, one thread per rank), for a machine where `autopar profile` has not measured them
+    yet.  Only the shape is portable: calibrate (``autopar profile --topology local:N``)."""
+    cores = cores if cores is not None else (os.cpu_count() or 1)
+    p2p = Curve.fit([(4, 120e-6), (64 << 10, 150e-6), (1 << 20, 450e-6), (4 << 20, 1.4e-3), (16 << 20, 6.6e-3)])
+    ar2 = Curve.fit([(4, 130e-6), (64 << 10, 290e-6), (1 << 20, 820e-6), (4 << 20, 3.8e-3), (16 << 20, 13.8e-3)])
+    return RuntimeCalibration(product=product, backend=backend, world=world, fwd_task_s=60e-6, bwd_task_s=40e-6,
+                              exchange_s=50e-6, p2p=p2p, allreduce=((2, ar2),),
+                              optimizer=(("adam", 20e-6, 0.9e-9), ("sgd", 15e-6, 0.55e-9)),
+                              comm_uses_cores=backend == "gloo" and cores < 2 * world, source="default")

@@ -1,0 +1,294 @@
+"""The task graph of a step as autopar's trainer runs it (`autopar.trainer.runtime`).
+
+FlexFlow's simulator (sec. 5) times an idealized runtime: every task starts as soon as its inputs
+are ready and its device is free, transfers overlap compute for free, and every parameter is
+synchronized on its own.  Measured against our trainer on local ranks that is 1.4–4.4× too
+optimistic (docs/simulation.md, "Accuracy").  This module builds the step the trainer really
+executes, from the same compute tasks and costs, for topologies whose devices the trainer drives
+(`trainer_calibration` says which); everything else keeps FlexFlow's model.
+
+What the trainer does, and how it is modelled:
+
+* **Program order.**  Each rank runs its ops' forward tasks in graph order, then their backward
+  tasks in reverse order, one at a time; it waits where an op needs data from a peer.  Each
+  device gets a chain: static barrier tasks mark where its program arrives at every op
+  (`A` forward, `BA` backward) and the op's tasks on the device sit between them in task order.
+  A barrier runs on a virtual resource of its device and lasts 1 ns, so it never queues.
+* **Exchanges.**  Every rank calls the exchange of op i's inputs when its program reaches op i
+  and waits there for what it receives (`W`, after `A`); a message moves once the producer task
+  has finished and both ranks have reached op i (gloo's send meets its receive).  Gradients go
+  back the same way at op i's place in the backward pass (`GI` issue, `GW` wait).  Only tensors
+  whose producer needs a gradient send one back, as in the trainer.  A message lasts the
+  calibrated point-to-point time for its bytes plus the exchange overhead.
+* **Overheads.**  Each forward and backward task costs the calibrated per-task overhead on top
+  of its kernel time (`planner.cost.calibration`).
+* **Gradient synchronization** in buckets (`planner.sim.buckets`, the trainer's own plan): a
+  bucket's all-reduce starts when every rank of its group has passed the bucket's op in the
+  backward pass, and lasts the calibrated all-reduce time for its bytes and group size, on the
+  ring's links — and on the ranks' devices too when communication runs on their cores
+  (``comm_uses_cores``).  At the end each rank waits for its buckets (`S`) and runs its optimizer
+  step over all its shards (`O`): the cost model's update time per parameter plus the calibrated
+  per-tensor overhead.
+
+Groups, as `planner.sim._plans` builds them, stay pure functions of configurations so delta
+simulation edits them like FlexFlow's: the static chain of barriers (never changes), one group
+per op (its tasks and their chain edges on every device; a device without tasks of the op gets a
+pass-through task so that every edge of the group touches a task of the group), one per input
+edge (same-device edges and messages), and one for synchronization and the optimizer (it depends
+on every parameter's holdings).
+"""
+
+from __future__ import annotations
+
+from ..cost.calibration import RuntimeCalibration, default_calibration
+from ..ir.graph import OperatorGraph
+from ..ir.regions import union_volume, volume
+from ._layout import MAX_PARTS
+from ._plans import _MIN_TRANSFER_BYTES, _VIRTUAL_RESOURCE_BASE, MIN_TASK_SECONDS, _prod
+from .buckets import plan_buckets
+
+#: Chain barriers of device d run on virtual resource ``_CHAIN_BASE + d`` (never a device or link).
+_CHAIN_BASE = _VIRTUAL_RESOURCE_BASE + (1 << 36)
+_FLOAT = ("float64", "float32", "float16", "bfloat16")
+
+
+def trainer_calibration(topology, cost) -> RuntimeCalibration | None:
+    """The runtime calibration to simulate `topology` with the trainer's model, or None for
+    FlexFlow's.  The trainer's model applies to CPU worker ranks on one machine (``local:N``,
+    gloo); its calibration comes from the cost model's profile cache, or the defaults."""
+    devices = topology.devices
+    if not devices or any(not d.kind.lower().startswith("cpu") for d in devices) or len(topology.nodes) != 1:
+        return None
+    product, world = devices[0].product, len(devices)
+    cache = getattr(cost, "cache", None)
+    measured = cache.calibration(product, "gloo", world) if cache is not None else None
+    return measured if measured is not None else default_calibration(product, "gloo", world)
+
+
+# -- keys (see the module docstring; stage 0 forward, 1 backward, 2 buckets, 4 the end) -----------
+
+def arrive(i: int, d: int) -> tuple:
+    return (0, i, -1, d, 0)
+
+
+def inputs_in(i: int, d: int) -> tuple:
+    return (0, i, -1, d, 1)
+
+
+def _pass(i: int, d: int) -> tuple:
+    return (0, i, -1, d, 2)
+
+
+def back_arrive(n: int, i: int, d: int) -> tuple:
+    return (1, n - i, -1, d, 0)
+
+
+def _back_pass(n: int, i: int, d: int) -> tuple:
+    return (1, n - i, -1, d, 2)
+
+
+def grads_out(n: int, i: int, d: int) -> tuple:
+    return (1, n - i, 2, d, 0)
+
+
+def grads_in(n: int, i: int, d: int) -> tuple:
+    return (1, n - i, 2, d, 1)
+
+
+def sync_wait(d: int) -> tuple:
+    return (4, 0, d)
+
+
+def optimizer_step(d: int) -> tuple:
+    return (4, 1, d)
+
+
+def requires_grad(graph: OperatorGraph) -> list[bool]:
+    """Per op, whether the trainer runs its backward pass: it has a float parameter or reads a
+    float tensor that depends on one (`autopar.trainer.plan._requires_grad`)."""
+    out: list[bool] = []
+    for op in graph.ops:
+        own = any(p.dtype in _FLOAT for p in op.params)
+        up = any(out[graph.index[r.op]] and graph[r.op].outputs[r.index].dtype in _FLOAT for r in op.inputs)
+        out.append(own or up)
+    return out
+
+
+# -- groups ---------------------------------------------------------------------------------------
+
+def chain_plan(b) -> tuple:
+    """The static barriers of every device's program and the edges between them."""
+    n, devs = b.num_ops, range(b.num_devices)
+    tasks, edges, keys = [], [], []
+
+    def barrier(key, d):
+        tasks.append((key, _CHAIN_BASE + d, MIN_TASK_SECONDS, "barrier", 0.0, "chain"))
+        keys.append(key)
+
+    for d in devs:
+        for i in range(n + 1):
+            barrier(arrive(i, d), d)
+        for i in range(n):
+            barrier(inputs_in(i, d), d)
+            edges.append((arrive(i, d), inputs_in(i, d)))
+        for i in range(-1, n):
+            barrier(back_arrive(n, i, d), d)
+        for i in range(n):
+            barrier(grads_out(n, i, d), d)
+            barrier(grads_in(n, i, d), d)
+            edges.append((grads_out(n, i, d), grads_in(n, i, d)))
+            edges.append((grads_in(n, i, d), back_arrive(n, i - 1, d)))
+        edges.append((arrive(n, d), back_arrive(n, n - 1, d)))
+    return tasks, edges, tuple(keys)
+
+
+def op_plan(b, i: int, op, cfg) -> tuple:
+    """Op `i`'s forward and backward tasks under `cfg` (kernel time plus the calibrated
+    overhead), and their place in every device's program."""
+    rt: RuntimeCalibration = b.runtime
+    n = b.num_ops
+    device = b.topology.devices
+    shapes = b._in_shapes[op.name]
+    grad = b._requires_grad[i]
+    name = op.name
+    est_on: dict = {}
+    tasks, edges, keys = [], [], []
+    on: dict[int, list[int]] = {}
+    for t, dev in enumerate(cfg.devices):
+        est = est_on.get(dev)
+        if est is None:
+            est = est_on[dev] = b.cost.task_cost(op, cfg.degrees, device[dev], shapes)
+        fk, bk = (0, i, 0, t), (1, n - i, 0, t)
+        tasks.append((fk, dev, est.forward + rt.fwd_task_s, "forward", 0.0, name))
+        back = est.backward + rt.bwd_task_s if grad else MIN_TASK_SECONDS
+        tasks.append((bk, dev, max(back, MIN_TASK_SECONDS), "backward", 0.0, name))
+        edges.append((fk, bk))
+        keys += (fk, bk)
+        on.setdefault(dev, []).append(t)
+    for d in range(b.num_devices):
+        ts = on.get(d)
+        if ts:
+            fwd = [inputs_in(i, d)] + [(0, i, 0, t) for t in ts] + [arrive(i + 1, d)]
+            bwd = [back_arrive(n, i, d)] + [(1, n - i, 0, t) for t in ts] + [grads_out(n, i, d)]
+        else:
+            p, q = _pass(i, d), _back_pass(n, i, d)
+            tasks.append((p, _CHAIN_BASE + d, MIN_TASK_SECONDS, "barrier", 0.0, name))
+            tasks.append((q, _CHAIN_BASE + d, MIN_TASK_SECONDS, "barrier", 0.0, name))
+            keys += (p, q)
+            fwd = [inputs_in(i, d), p, arrive(i + 1, d)]
+            bwd = [back_arrive(n, i, d), q, grads_out(n, i, d)]
+        edges += zip(fwd, fwd[1:])
+        edges += zip(bwd, bwd[1:])
+    return tasks, edges, tuple(keys)
+
+
+def _message(key: tuple, route: tuple, seconds: float, nbytes: float) -> list[tuple]:
+    """The task(s) of one message over `route` (`planner.sim._plans.route_columns`), `seconds`
+    long on every link."""
+    _, res, _, labels, _ = route
+    out = []
+    for c, lo in enumerate(range(0, len(res), MAX_PARTS)):
+        hi = min(lo + MAX_PARTS, len(res))
+        label = labels[lo].split("->")[0] + "->" + labels[hi - 1].split("->")[-1]
+        part = res[lo:hi]
+        nb = nbytes if c == 0 else 0.0
+        if len(part) == 1:
+            out.append((key + (c,), part[0], seconds, "comm", nb, label))
+        else:
+            out.append((key + (c,), part, (seconds,) * len(part), "comm", nb, label))
+    return out
+
+
+def edge_plan(b, i: int, op, j: int, ccfg, pcfg) -> tuple:
+    """Input `j` of op `i`: same-device edges, and a message per (producer task, consumer
+    device) at op i's exchange, with its gradient back at op i's backward exchange."""
+    rt: RuntimeCalibration = b.runtime
+    ref = op.inputs[j]
+    p = b.graph.index[ref.op]
+    out = b.graph[ref.op].outputs[ref.index]
+    itemsize = out.itemsize
+    grads = b._requires_grad[p] and out.dtype in _FLOAT
+    n = b.num_ops
+    pdev, cdev = pcfg.devices, ccfg.devices
+    pieces: dict[tuple[int, int], dict] = {}
+    edges = []
+    for pt, ct, box in b.overlaps(op, j, ccfg.degrees, pcfg.degrees):
+        dd = cdev[ct]
+        if pdev[pt] == dd:
+            edges.append(((0, p, 0, pt), (0, i, 0, ct)))
+            edges.append(((1, n - i, 0, ct), (1, n - p, 0, pt)))
+        else:
+            pieces.setdefault((pt, dd), {}).setdefault(box, []).append(ct)
+    tasks, keys = [], []
+    for (pt, dd), boxes in pieces.items():
+        nbytes = max(float(sum(map(volume, boxes)) * itemsize), _MIN_TRANSFER_BYTES)
+        dst = sorted({ct for cts in boxes.values() for ct in cts})
+        sd = pdev[pt]
+        seconds = rt.p2p(nbytes) + rt.exchange_s
+        fwd = _message((0, i, 1, j, pt, dd), b._route(sd, dd), seconds, nbytes)
+        tasks += fwd
+        for t in fwd:
+            k = t[0]
+            keys.append(k)
+            edges += [((0, p, 0, pt), k), (arrive(i, sd), k), (arrive(i, dd), k), (k, inputs_in(i, dd))]
+        if grads:
+            bwd = _message((1, n - i, 1, j, pt, dd), b._route(dd, sd), seconds, nbytes)
+            tasks += bwd
+            for t in bwd:
+                k = t[0]
+                keys.append(k)
+                edges += [((1, n - i, 0, c), k) for c in dst]
+                edges += [(grads_out(n, i, dd), k), (grads_out(n, i, sd), k), (k, grads_in(n, i, sd)),
+                          (k, (1, n - p, 0, pt))]
+    return tasks, edges, tuple(keys)
+
+
+def sync_plan(b, holdings: dict) -> tuple:
+    """Gradient buckets' all-reduces, each rank's wait for them and its optimizer step, given
+    every parameter's holdings (parameter -> device -> boxes)."""
+    rt: RuntimeCalibration = b.runtime
+    n, g = b.num_ops, b.graph
+    tasks, edges, keys = [], [], []
+    for k, bucket in enumerate(plan_buckets(g, holdings, b.bucket_bytes)):
+        devs = bucket.devices
+        r = len(devs)
+        seconds = rt.allreduce_time(bucket.nbytes, r)
+        links: list[int] = []
+        for e in range(r):
+            for link in b._route(devs[e], devs[(e + 1) % r])[1]:
+                if link not in links:
+                    links.append(link)
+        res = tuple(links) + (tuple(devs) if rt.comm_uses_cores else ())
+        for c, lo in enumerate(range(0, len(res), MAX_PARTS)):
+            part = res[lo:lo + MAX_PARTS]
+            key = (2, k, c)
+            label = f"bucket {k} ({r} ranks, {bucket.nbytes} B)"
+            if len(part) == 1:
+                tasks.append((key, part[0], seconds, "comm", float(bucket.nbytes), label))
+            else:
+                tasks.append((key, part, (seconds,) * len(part), "comm", float(bucket.nbytes), label))
+            keys.append(key)
+            edges += [(back_arrive(n, bucket.after_op - 1, d), key) for d in devs]
+            edges += [(key, sync_wait(d)) for d in devs]
+    devices = b.topology.devices
+    update_time = b.cost.update_time
+    for d in range(b.num_devices):
+        w, o = sync_wait(d), optimizer_step(d)
+        tensors, nbytes, analytic = 0, 0.0, 0.0
+        for p, held in holdings.items():
+            if d not in held:
+                continue
+            spec = g.param_specs[p]
+            itemsize = spec.nbytes // max(1, _prod(spec.shape))
+            shard = union_volume(held[d]) * itemsize
+            tensors += 1
+            nbytes += shard
+            analytic += update_time(shard, devices[d], b.optimizer)
+        measured = rt.optimizer_time(b.optimizer, tensors, nbytes) if tensors else 0.0
+        seconds = measured if measured is not None else analytic
+        tasks.append((w, _CHAIN_BASE + d, MIN_TASK_SECONDS, "barrier", 0.0, "sync"))
+        tasks.append((o, d, max(seconds, MIN_TASK_SECONDS), "update", 0.0, "optimizer step"))
+        keys += (w, o)
+        edges += [(back_arrive(n, -1, d), w), (w, o)]
+    return tasks, edges, tuple(keys)
+

@@ -1,0 +1,55 @@
+"""Runtime calibrations: monotone communication curves, and the profile cache keeps them."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from autopar.planner.cost.calibration import Curve, RuntimeCalibration, default_calibration
+from autopar.planner.cost.profile_cache import ProfileCache
+from autopar.planner.errors import CostModelError
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 1 << 26), st.floats(1e-6, 1.0)), min_size=1, max_size=30),
+       st.lists(st.integers(0, 1 << 27), min_size=2, max_size=10))
+def test_a_fitted_curve_never_makes_more_bytes_cheaper(samples, queries):
+    curve = Curve.fit(samples)
+    values = [curve(q) for q in sorted(queries)]
+    assert all(b >= a - 1e-15 for a, b in zip(values, values[1:]))
+    # Pool-adjacent-violators keeps the mean: the fitted values average the samples.
+    lo, hi = min(s for _, s in samples), max(s for _, s in samples)
+    assert all(lo - 1e-12 <= curve(b) <= hi + 1e-12 for b, _ in samples)
+
+
+def test_a_curve_interpolates_linearly_and_extends_its_last_slope():
+    curve = Curve.fit([(0, 1.0), (10, 2.0), (20, 4.0)])
+    assert curve(5) == pytest.approx(1.5) and curve(15) == pytest.approx(3.0)
+    assert curve(30) == pytest.approx(6.0)            # the last segment's slope, 0.2 s per byte
+    assert curve(-5) == 1.0
+
+
+def test_a_curve_refuses_decreasing_points():
+    with pytest.raises(CostModelError, match="non-decreasing"):
+        Curve(((0.0, 2.0), (10.0, 1.0)))
+
+
+def test_the_profile_cache_keeps_calibrations_across_a_save(tmp_path):
+    cache = ProfileCache(path=tmp_path / "p.json")
+    cal = default_calibration("CPU-core", "gloo", 2)
+    cache.put_calibration(cal)
+    cache.save()
+    again = ProfileCache.load(tmp_path / "p.json")
+    got = again.calibration("CPU-core", "gloo", 2)
+    assert got == cal and again.calibration("CPU-core", "gloo", 3) is None
+    assert got.allreduce_time(1 << 20, 2) == cal.allreduce[0][1](1 << 20)
+    assert got.optimizer_time("sgd", 2, 1e6) == pytest.approx(2 * 15e-6 + 1e6 * 0.55e-9)
+    assert got.optimizer_time("lamb", 2, 1e6) is None
+
+
+def test_a_calibration_with_a_missing_field_names_it():
+    doc = default_calibration("CPU-core", "gloo", 2).to_json()
+    del doc["p2p"]
+    with pytest.raises(CostModelError, match="p2p"):
+        RuntimeCalibration.from_json(doc)

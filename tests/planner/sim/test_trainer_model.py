@@ -1,0 +1,88 @@
+"""The trainer's model of a step (`planner.sim.trainer_model`): program order on every device,
+messages that wait for both ranks, buckets, and the optimizer step after every bucket."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from autopar.planner.cost import CostModel
+from autopar.planner.cost.calibration import default_calibration
+from autopar.planner.hardware import get_preset
+from autopar.planner.ir import data_parallel, model_parallel, random_config, Strategy
+from autopar.planner.sim import TaskGraphBuilder, simulate, simulate_strategy
+
+from ..search._graphs import diamond, mlp, rnn
+
+GRAPHS = {"mlp": mlp, "diamond": diamond, "rnn": lambda: rnn(steps=3)}
+
+
+def _random(graph, n, seed):
+    rng = random.Random(seed)
+    return Strategy.from_mapping(graph, {op.name: random_config(op, n, rng) for op in graph.ops}, "random")
+
+
+def test_the_trainers_model_is_used_for_local_ranks_only():
+    g = mlp()
+    assert TaskGraphBuilder(g, get_preset("local:2"), CostModel()).runtime is not None
+    assert TaskGraphBuilder(g, get_preset("p100-1x4"), CostModel()).runtime is None
+    flexflow = TaskGraphBuilder(g, get_preset("local:2"), CostModel(), runtime=None).build(data_parallel(g, 2))
+    assert not any(k[0] in (0, 1) and flexflow.task(k).kind == "barrier" for k in flexflow)  # no program chain
+
+
+@pytest.mark.parametrize("name", sorted(GRAPHS))
+@pytest.mark.parametrize("seed", range(4))
+def test_every_device_runs_its_tasks_in_program_order(name, seed):
+    g = GRAPHS[name]()
+    topo = get_preset("local:3")
+    b = TaskGraphBuilder(g, topo, CostModel().bind(g))
+    tg = b.build(_random(g, 3, seed))
+    tl = simulate(tg)
+    for d in range(3):
+        compute = [k for k in tl.order(d) if tg.task(k).kind in ("forward", "backward")]
+        # Forward keys (0, op, 0, task) in graph order, then backward keys (1, n - op, 0, task):
+        # key order is the trainer's program order, and the device ran them in it.
+        assert compute == sorted(compute)
+        starts = [tl.start[k] for k in compute]
+        assert starts == sorted(starts)
+
+
+def test_a_message_waits_for_both_ranks_to_reach_its_op():
+    g = mlp()
+    b = TaskGraphBuilder(g, get_preset("local:2"), CostModel().bind(g))
+    res, tl, tg = simulate_strategy(b, model_parallel(g, 2))
+    n = len(g.ops)
+    messages = [k for k in tg if tg.task(k).kind == "comm" and k[0] == 0]
+    assert messages
+    for k in messages:
+        i = k[1]
+        for d in (0, 1):
+            assert tl.start[k] >= tl.end[(0, i, -1, d, 0)]     # both ranks arrived at op i
+    for k in [k for k in tg if tg.task(k).kind == "comm" and k[0] == 1]:
+        i = n - k[1]
+        assert tl.start[k] >= max(tl.end[(1, n - i, 2, d, 0)] for d in (0, 1))
+
+
+def test_the_optimizer_steps_after_every_bucket_of_its_rank():
+    g = rnn(steps=3)
+    cal = default_calibration("CPU-core", "gloo", 2)
+    b = TaskGraphBuilder(g, get_preset("local:2"), CostModel().bind(g), runtime=cal, bucket_bytes=64)
+    res, tl, tg = simulate_strategy(b, data_parallel(g, 2))
+    buckets = [k for k in tg if k[0] == 2]
+    assert len(buckets) > 1                    # small buckets: several all-reduces
+    for d in (0, 1):
+        step = (4, 1, d)
+        assert tg.task(step).kind == "update"
+        assert all(tl.start[step] >= tl.end[k] for k in buckets)
+    assert res.step_time == max(tl.end[(4, 1, d)] for d in (0, 1))
+
+
+def test_a_calibrated_optimizer_replaces_the_analytic_update():
+    g = mlp()
+    cal = default_calibration("CPU-core", "gloo", 2)
+    b = TaskGraphBuilder(g, get_preset("local:2"), CostModel().bind(g), runtime=cal)
+    tg = b.build(data_parallel(g, 2))
+    params = g.param_specs
+    expected = cal.optimizer_time("sgd", len(params), sum(p.nbytes for p in params.values()))
+    assert tg.task((4, 1, 0)).duration == pytest.approx(expected)
