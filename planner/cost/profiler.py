@@ -14,15 +14,33 @@ autopar: for every distinct task key (`planner.cost.profile_cache.task_key`) of 
 2. runs the op's task kernel (`planner.ir.kernels.forward_task`, the same code the trainer runs)
    `warmup` times (at least once), then `repeats` timed times, and takes the median; a task so
    slow that the repeats would exceed `budget` seconds is repeated fewer times;
-3. times the backward pass the same way: ``torch.autograd.grad`` of the outputs with a fixed
-   random output gradient, with respect to the parameters and to the inputs a real step needs
-   gradients for (float inputs not produced by a graph input), reusing one forward graph
-   (``retain_graph``) so every repeat measures the same work.  A standalone
-   ``autograd.grad`` call pays a fixed engine start-up (20–45 µs on this machine's CPU, against
-   3–5 µs per node) that a training step pays once for its whole backward pass, not once per
-   op; `engine_overhead` measures it (chains of 1 and 9 trivial nodes) and it is subtracted,
-   keeping at least one trivial node's time;
+3. times the backward pass the same way, as the trainer runs it: ``torch.autograd.backward`` of
+   the outputs with a fixed random output gradient, reusing one forward graph (``retain_graph``)
+   so every repeat measures the same work.  Every parameter's ``.grad`` is set to a zero tensor
+   of its shape beforehand, so each call *adds* into it, as a step adds into the trainer's
+   preallocated gradient buckets (`trainer.sync.GradSync.zero_grad`) — for a weight shared by
+   many ops (an unrolled RNN's decoder) that addition is a large part of each use's backward;
+   the ``.grad`` of every input that needs a gradient (a float input not produced by a graph
+   input) is reset to None before each call, so it is freshly allocated, as in the trainer.
+   A standalone call pays a fixed engine start-up (about 10 µs on this machine's idle CPU,
+   against 3–5 µs per node) that a training step pays once per autograd call, not once per op
+   of a fused chain; `engine_overhead` measures it (chains of 1 and 9 trivial nodes into a leaf
+   whose ``.grad`` is preset) and it is subtracted, keeping at least one trivial node's time;
 4. stores the two medians under the device's product name.
+
+Measurement conditions.  Repeating one op on the same tensors keeps them in the core's private
+caches, which a real step does not: other ops evict them between two uses.  On the CPU, every
+call (warm-up and timed) is therefore preceded, outside the timed region, by a write over a
+buffer twice the size of the core's L2 cache (read from
+``/sys/devices/system/cpu/cpu0/cache/index*/``; 4 MiB assumed when it is not there; at most
+64 MiB).  On CUDA nothing is evicted.  On the CPU, `profile_local` with ``workers`` N > 1 measures
+in N worker processes at once (one thread each, as the `local` preset's ranks run), which measure
+the same task in lockstep — a barrier before each warm-up and before each set of timed
+repetitions — so that, as in an N-rank step, the other cores compete for memory bandwidth and the
+shared cache while one measures; the stored time is the median over the workers of their medians.
+The workers come from a fork server (a process that traced a model with fake tensors and ran a
+backward pass cannot be forked safely) and import the model themselves by name.  ``workers=1``,
+``concurrent=False`` and CUDA devices measure in the calling process.
 
 Timing: ``time.perf_counter`` around each call on CPU (PyTorch CPU ops are synchronous); on CUDA,
 ``torch.cuda.Event`` pairs recorded on the current stream around the call, with a synchronize
@@ -33,9 +51,13 @@ machine has no GPU).  The local CPU workers of the `local` preset run one thread
 
 from __future__ import annotations
 
+import queue
 import statistics
+import threading
 import time
+import traceback
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import torch
@@ -49,6 +71,11 @@ from .profile_cache import ProfileCache, representative_ranges, task_key, task_s
 
 ForwardTask = Callable[[Op, dict, list, list], Any]
 
+#: Where Linux describes cpu0's caches (one ``index<i>`` folder per cache: level, type, size).
+CPU_CACHE_SYSFS = Path("/sys/devices/system/cpu/cpu0/cache")
+#: The L2 size assumed when sysfs does not tell it, and the most the eviction buffer may take.
+L2_FALLBACK_BYTES = 4 << 20
+EVICT_CAP_BYTES = 64 << 20
 @dataclass(frozen=True)
 class ProfileRecord:
     key: str
@@ -108,26 +135,89 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _size_bytes(text: str) -> int:
+    """``"2048K"`` -> 2097152 (sysfs writes cache sizes with a K, M or G suffix)."""
+    text = text.strip().upper()
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    if text[-1:] in units:
+        return int(text[:-1]) * units[text[-1]]
+    return int(text)
+
+
+def l2_cache_bytes(root: Path = CPU_CACHE_SYSFS) -> int:
+    """The size of cpu0's level-2 (data or unified) cache from sysfs; `L2_FALLBACK_BYTES` if unknown."""
+    for index in sorted(root.glob("index*")):
+        try:
+            if (index / "level").read_text().strip() != "2":
+                continue
+            kind = index / "type"
+            if kind.exists() and kind.read_text().strip() not in ("Data", "Unified"):
+                continue
+            size = _size_bytes((index / "size").read_text())
+        except (OSError, ValueError):
+            continue
+        if size > 0:
+            return size
+    return L2_FALLBACK_BYTES
+
+
+_evict_buffer: torch.Tensor | None = None
+
+
+def cache_evictor(device: torch.device) -> Callable[[], None] | None:
+    """A call that evicts this core's private caches on the CPU (None on other devices; see module doc).
+
+    It adds to every element of a float32 buffer of twice the L2 size (at most `EVICT_CAP_BYTES`),
+    allocated once per process: a read-modify-write, so every line of the buffer passes through
+    the caches (a plain fill may be done with stores that bypass them).
+    """
+    global _evict_buffer
+    if device.type != "cpu":
+        return None
+    numel = min(EVICT_CAP_BYTES, 2 * l2_cache_bytes()) // 4
+    if _evict_buffer is None or _evict_buffer.numel() != numel:
+        _evict_buffer = torch.zeros(numel, dtype=torch.float32)
+    buf = _evict_buffer
+
+    def evict() -> None:
+        buf.add_(1.0)
+
+    return evict
+
+
 def _median_seconds(fn: Callable[[], Any], device: torch.device, warmup: int, repeats: int,
-                    budget: float | None = None) -> float:
+                    budget: float | None = None, *, setup: Callable[[], None] | None = None,
+                    sync: Callable[[], None] | None = None) -> float:
     """Median of `repeats` timed calls after `warmup` (at least one) untimed ones.
 
     With a `budget` (seconds), a call so slow that `repeats` of them would exceed it is repeated
     fewer times (at least once): the spread of such calls is small next to their length.
+    `setup` runs before every call, warm-up or timed, outside the timed region (cache eviction,
+    resetting gradients); `sync` runs before the warm-up and again before the timed repetitions
+    (the barrier that keeps concurrent workers in lockstep).
     """
+    prepare = setup if setup is not None else (lambda: None)
+    if sync is not None:
+        sync()
+    prepare()
+    _sync(device)
     t0 = time.perf_counter()
     fn()
     _sync(device)
     first = time.perf_counter() - t0
     for _ in range(warmup - 1):
+        prepare()
         fn()
     if budget is not None:
         repeats = max(1, min(repeats, int(budget / max(first, 1e-9))))
     _sync(device)
+    if sync is not None:
+        sync()
     times = []
     if device.type == "cuda":  # pragma: no cover - needs a GPU
         with torch.cuda.device(device):
             for _ in range(repeats):
+                prepare()
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
                 fn()
@@ -136,11 +226,11 @@ def _median_seconds(fn: Callable[[], Any], device: torch.device, warmup: int, re
                 times.append(start.elapsed_time(end) / 1e3)  # ms -> s
     else:
         for _ in range(repeats):
+            prepare()
             t0 = time.perf_counter()
             fn()
             times.append(time.perf_counter() - t0)
     return statistics.median(times)
-
 
 _TORCH_DTYPES = {
     "float64": torch.float64, "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
@@ -175,24 +265,27 @@ def _task_tensors(graph: OperatorGraph, op: Op, degrees: tuple[int, ...], device
 
 
 def engine_overhead(device: torch.device, repeats: int = 50) -> tuple[float, float]:
-    """(fixed seconds per ``autograd.grad`` call, seconds per trivial node) on `device`.
+    """(fixed seconds per ``autograd.backward`` call, seconds per trivial node) on `device`.
 
-    From the medians of backward passes through chains of 1 and 9 scalar multiplications:
-    per node = difference / 8, fixed = 1-node time - per node.
+    From the medians of backward passes through chains of 1 and 9 scalar multiplications into a
+    leaf whose ``.grad`` is preset, as `measure_task` presets the parameters' (so each pass also
+    runs the leaf's gradient-accumulation node, a trivial node too): per node = difference / 8,
+    fixed = 1-chain time - 2 nodes (the multiplication and the accumulation).
     """
     x = torch.randn(4, device=device, requires_grad=True)
+    x.grad = torch.zeros_like(x)
     g = torch.ones(4, device=device)
 
     def chain(k: int) -> float:
         y = x
         for _ in range(k):
             y = y * 1.5
-        return _median_seconds(lambda: torch.autograd.grad(y, [x], g, retain_graph=True), device, 5, repeats)
+        return _median_seconds(lambda: torch.autograd.backward(y, g, retain_graph=True), device, 5, repeats)
 
     one, nine = chain(1), chain(9)
     # Timer noise can make the difference tiny or negative; a node costs at least 0.1 µs.
     per_node = max(1e-7, (nine - one) / 8)
-    return max(0.0, one - per_node), per_node
+    return max(0.0, one - 2 * per_node), per_node
 
 
 def _outputs(result: Any) -> list[torch.Tensor]:
@@ -204,12 +297,16 @@ def _outputs(result: Any) -> list[torch.Tensor]:
 def measure_task(graph: OperatorGraph, op: Op, degrees: tuple[int, ...], device: torch.device, *,
                  repeats: int = 10, warmup: int = 3, forward_task: ForwardTask | None = None,
                  module: nn.Module | None = None, budget: float | None = None, seed: int = 0,
-                 overhead: tuple[float, float] = (0.0, 0.0)) -> tuple[float, float]:
+                 overhead: tuple[float, float] = (0.0, 0.0), cold: bool = True,
+                 sync: Callable[[], None] | None = None) -> tuple[float, float]:
     """Median forward and backward seconds of the representative task of `op` split by `degrees`.
 
     `module` (the model the graph was imported from) is passed on to the kernel for ops that call
     a submodule.  `overhead` is `engine_overhead(device)`: its fixed part is taken off the
-    backward median.
+    backward median.  The backward pass accumulates into the parameters' preset ``.grad`` and
+    allocates the inputs' gradients afresh (see module doc).  `cold` evicts the CPU caches before
+    every call (`cache_evictor`; nothing on other devices).  `sync` is called before each warm-up
+    and each set of timed repetitions, four times at most (two when there is no backward pass).
     """
     if forward_task is None:
         from ..ir.kernels import forward_task
@@ -218,42 +315,45 @@ def measure_task(graph: OperatorGraph, op: Op, degrees: tuple[int, ...], device:
         extra["device"] = device
     gen = torch.Generator().manual_seed(seed)
     ranges, inputs, params = _task_tensors(graph, op, degrees, device, gen)
+    evict = cache_evictor(device) if cold else None
 
     def fwd():
         return forward_task(op, ranges, inputs, params, **extra)
 
-    fwd_s = _median_seconds(fwd, device, warmup, repeats, budget)
+    fwd_s = _median_seconds(fwd, device, warmup, repeats, budget, setup=evict, sync=sync)
     outs = [o for o in _outputs(fwd()) if o.requires_grad]
-    leaves = [t for t in inputs + params if t.requires_grad]
-    if not outs or not leaves:
+    fresh = [t for t in inputs if t.requires_grad]  # leaves whose gradient the step allocates
+    accumulated = [p for p in params if p.requires_grad and p.is_floating_point()]
+    if not outs or not (fresh or accumulated):
         return fwd_s, 0.0
     grads = [torch.randn(o.shape, generator=gen, dtype=torch.float32).to(device=device, dtype=o.dtype) for o in outs]
+    for p in accumulated:  # the trainer's gradient buckets: every backward use adds into them
+        p.grad = torch.zeros_like(p)
+
+    def before_backward():
+        for t in fresh:
+            t.grad = None
+        if evict is not None:
+            evict()
 
     def bwd():
-        return torch.autograd.grad(outs, leaves, grads, retain_graph=True, allow_unused=True)
+        torch.autograd.backward(outs, grads, retain_graph=True)
 
     fixed, per_node = overhead
-    return fwd_s, max(_median_seconds(bwd, device, warmup, repeats, budget) - fixed, per_node)
+    bwd_s = _median_seconds(bwd, device, warmup, repeats, budget, setup=before_backward, sync=sync)
+    return fwd_s, max(bwd_s - fixed, per_node)
 
 
-def profile_ops(graph: OperatorGraph, degree_choices: Iterable[tuple[str, Sequence[int]]] | None,
-                device: torch.device, cache: ProfileCache, *, repeats: int = 10, warmup: int = 3,
-                device_kind: str | None = None, forward_task: ForwardTask | None = None,
-                module: nn.Module | None = None, budget: float | None = 2.0, max_tasks: int | None = None,
-                progress: Callable[[int, int, str], None] | None = None) -> ProfileReport:
-    """Measure every distinct task key of `degree_choices` the cache lacks; store the medians.
-
-    `degree_choices` lists (op name, degrees) pairs; None means every op unpartitioned.  Ops
-    without inputs (graph inputs, constants) are not measured.  An op whose kernel fails is skipped
-    and listed in the report with the error, so one unsupported op does not stop a run.  `budget`
-    caps the seconds spent timing one direction of one task (slow tasks get fewer repeats);
-    `max_tasks` caps how many new keys are measured (the rest are counted in ``remaining``).
-    """
+def _check_counts(repeats: int, warmup: int) -> None:
     if repeats < 1 or warmup < 0:
         raise CostModelError(f"profiling needs repeats >= 1 and warmup >= 0, got repeats={repeats} warmup={warmup}")
-    kind = device_kind or device_kind_of(device)
-    report = ProfileReport(kind)
-    t0 = time.perf_counter()
+
+
+def _new_work(graph: OperatorGraph, degree_choices: Iterable[tuple[str, Sequence[int]]] | None, kind: str,
+              cache: ProfileCache, report: ProfileReport,
+              max_tasks: int | None) -> list[tuple[str, Op, tuple[int, ...]]]:
+    """(key, op, degrees) of every distinct task key of `degree_choices` the cache lacks, at most
+    `max_tasks` of them; counts the cached keys and those left over in `report`."""
     if degree_choices is None:
         degree_choices = [(op.name, (1,) * len(op.pardims)) for op in graph.ops]
     seen: set[str] = set()
@@ -274,6 +374,28 @@ def profile_ops(graph: OperatorGraph, degree_choices: Iterable[tuple[str, Sequen
     if max_tasks is not None and len(work) > max(0, max_tasks):
         report.remaining = len(work) - max(0, max_tasks)
         work = work[:max(0, max_tasks)]
+    return work
+
+
+def profile_ops(graph: OperatorGraph, degree_choices: Iterable[tuple[str, Sequence[int]]] | None,
+                device: torch.device, cache: ProfileCache, *, repeats: int = 10, warmup: int = 3,
+                device_kind: str | None = None, forward_task: ForwardTask | None = None,
+                module: nn.Module | None = None, budget: float | None = 2.0, max_tasks: int | None = None,
+                progress: Callable[[int, int, str], None] | None = None) -> ProfileReport:
+    """Measure every distinct task key of `degree_choices` the cache lacks; store the medians.
+
+    `degree_choices` lists (op name, degrees) pairs; None means every op unpartitioned.  Ops
+    without inputs (graph inputs, constants) are not measured.  An op whose kernel fails is skipped
+    and listed in the report with the error, so one unsupported op does not stop a run.  `budget`
+    caps the seconds spent timing one direction of one task (slow tasks get fewer repeats);
+    `max_tasks` caps how many new keys are measured (the rest are counted in ``remaining``).
+    Everything runs in the calling process (`profile_local` measures in concurrent workers).
+    """
+    _check_counts(repeats, warmup)
+    kind = device_kind or device_kind_of(device)
+    report = ProfileReport(kind)
+    t0 = time.perf_counter()
+    work = _new_work(graph, degree_choices, kind, cache, report, max_tasks)
     overhead = engine_overhead(device) if work else (0.0, 0.0)
     report.engine_overhead = overhead[0]
     for n, (key, op, degrees) in enumerate(work):
@@ -293,10 +415,156 @@ def profile_ops(graph: OperatorGraph, degree_choices: Iterable[tuple[str, Sequen
     return report
 
 
+# -- concurrent workers (profile_local on the CPU) -------------------------------------------------
+
+#: Barriers per task in a concurrent run: before the forward warm-up and timed repetitions, and
+#: before the backward ones.  A worker that has fewer (a failed task, no backward pass) waits at
+#: the rest anyway, so every worker passes the same barriers.
+_LOCKSTEP_PHASES = 4
+#: Seconds between the parent's checks that its workers are still alive.
+_POLL_SECONDS = 0.5
+
+
+def _profile_worker(rank: int, model: str, options: dict[str, object], kind: str,
+                    items: list[tuple[str, str, tuple[int, ...]]], repeats: int, warmup: int,
+                    budget: float | None, barrier: Any, results: Any) -> None:
+    """One worker process of a concurrent `profile_local`: import `model` itself and measure
+    `items` (key, op name, degrees) in lockstep with the other workers, one thread, on the CPU.
+
+    Sends ``(tag, task index, rank, forward, backward, error)`` tuples to `results`: one
+    ``"overhead"`` (index -1, the engine overhead in `forward`), one ``"task"`` per item, or a
+    ``"fatal"`` one when it cannot go on.
+    """
+    from ..ir.fx_import import import_spec
+    from ..zoo import load_model
+
+    cpu = torch.device("cpu")
+    try:
+        torch.set_num_threads(1)
+        spec = load_model(model, **options)
+        graph = import_spec(spec)
+        module = spec.module
+        barrier.wait()
+        overhead = engine_overhead(cpu)
+        results.put(("overhead", -1, rank, overhead[0], overhead[1], None))
+        for n, (key, name, degrees) in enumerate(items):
+            waited = 0
+
+            def sync() -> None:
+                nonlocal waited
+                barrier.wait()
+                waited += 1
+
+            try:
+                op = graph[name]
+                if task_key(op, degrees, kind, graph_input_shapes(graph, op)) != key:
+                    raise CostModelError(f"the worker's import of {model} gives {name} another task key")
+                fwd, bwd = measure_task(graph, op, degrees, cpu, repeats=repeats, warmup=warmup, module=module,
+                                        budget=budget, overhead=overhead, sync=sync)
+                msg = ("task", n, rank, fwd, bwd, None)
+            except threading.BrokenBarrierError:
+                raise
+            except Exception as e:  # as profile_ops: the task is skipped with the reason
+                msg = ("task", n, rank, 0.0, 0.0, f"{type(e).__name__}: {e}")
+            while waited < _LOCKSTEP_PHASES:
+                sync()
+            results.put(msg)
+    except threading.BrokenBarrierError:  # the parent gave up on the run and aborted the barrier
+        return
+    except BaseException as e:
+        results.put(("fatal", -1, rank, 0.0, 0.0, f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+        raise SystemExit(1)
+
+
+def _profile_concurrent(model: str, options: Mapping[str, object], graph: OperatorGraph,
+                        choices: list[tuple[str, tuple[int, ...]]], cache: ProfileCache, kind: str, workers: int, *,
+                        repeats: int, warmup: int, budget: float | None, max_tasks: int | None,
+                        progress: Callable[[int, int, str], None] | None) -> ProfileReport:
+    """`profile_ops` for `profile_local` on the CPU, measured by `workers` processes at once (module doc).
+
+    The parent finds the new keys on its own import of the model, starts the workers from a fork
+    server, reports progress, stores each key's median over the workers' medians, and stops the
+    workers (raising `CostModelError`) if one of them dies.
+    """
+    report = ProfileReport(kind)
+    t0 = time.perf_counter()
+    work = _new_work(graph, choices, kind, cache, report, max_tasks)
+    if not work:
+        if progress is not None:
+            progress(0, 0, "")
+        report.seconds = time.perf_counter() - t0
+        return report
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("forkserver")
+    # The fork server imports torch once and forks every worker with it loaded.  This only takes
+    # effect if this process's fork server is not running yet (it may already be, from a launch).
+    ctx.set_forkserver_preload(["torch"])
+    barrier = ctx.Barrier(workers)
+    results = ctx.Queue()
+    items = [(key, op.name, degrees) for key, op, degrees in work]
+    procs = [ctx.Process(target=_profile_worker, name=f"autopar-profile{r}", daemon=True,
+                         args=(r, model, dict(options), kind, items, repeats, warmup, budget, barrier, results))
+             for r in range(workers)]
+    inbox: dict[tuple[str, int], list[tuple]] = {}
+
+    def failure(detail: str) -> CostModelError:
+        return CostModelError(f"profiling {model} in {workers} concurrent workers failed: {detail}")
+
+    def collect(tag: str, n: int) -> list[tuple]:
+        """Every worker's message `tag` for task `n`."""
+        while len(inbox.get((tag, n), ())) < workers:
+            try:
+                msg = results.get(timeout=_POLL_SECONDS)
+            except queue.Empty:
+                dead = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+                if dead:
+                    raise failure(", ".join(f"worker {r} exited with code {c}" for r, c in dead))
+                continue
+            if msg[0] == "fatal":
+                raise failure(f"worker {msg[2]}: {msg[5]}")
+            inbox.setdefault((msg[0], msg[1]), []).append(msg)
+        return inbox.pop((tag, n))
+
+    try:
+        for p in procs:
+            p.start()
+        fixed = [m[3] for m in collect("overhead", -1)]
+        report.engine_overhead = statistics.median(fixed)
+        for n, (key, op, degrees) in enumerate(work):
+            if progress is not None:
+                progress(n, len(work), op.name)
+            msgs = collect("task", n)
+            errors = sorted(m[5] for m in msgs if m[5] is not None)
+            if errors:
+                report.skipped.append((op.name, degrees, errors[0]))
+                continue
+            fwd, bwd = statistics.median(m[3] for m in msgs), statistics.median(m[4] for m in msgs)
+            cache.put(key, fwd, bwd)
+            report.measured.append(ProfileRecord(key, op.name, degrees, fwd, bwd))
+        for p in procs:
+            p.join()
+    finally:
+        if any(p.exitcode is None for p in procs if p.pid is not None):
+            barrier.abort()  # workers waiting at a barrier return
+            for p in procs:
+                if p.pid is not None:
+                    p.join(5)
+                    if p.exitcode is None:
+                        p.kill()
+                        p.join()
+        results.close()
+    if progress is not None:
+        progress(len(work), len(work), "")
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
 def profile_local(models: Sequence[str], *, workers: int = 2, options: Mapping[str, object] | None = None,
                   cache: ProfileCache | None = None, repeats: int = 10, warmup: int = 3, budget: float | None = 2.0,
                   max_tasks: int | None = None, device: torch.device | None = None,
-                  progress: Callable[[str, int, int, str], None] | None = None) -> ProfileReport:
+                  progress: Callable[[str, int, int, str], None] | None = None,
+                  concurrent: bool | None = None) -> ProfileReport:
     """`autopar profile`: measure what a plan for the ``local:<workers>`` preset can use.
 
     For every model (a zoo name or ``package.module:factory``, built with `options` — use the
@@ -304,17 +572,27 @@ def profile_local(models: Sequence[str], *, workers: int = 2, options: Mapping[s
     measured under every degree vector with at most `workers` tasks
     (`planner.ir.strategy.degree_choices`), each distinct task key once.  On the CPU (the default
     `device`) torch runs one thread (a `local` worker's share) and times are stored under the
-    preset's device product; on a CUDA `device` under its product (`device_kind_of`).  The cache
+    preset's device product; on a CUDA `device` under its product (`device_kind_of`).
+
+    `concurrent` (default: on the CPU with more than one worker) measures in `workers` processes
+    at once, in lockstep, and stores the median over them (module doc); each imports the model
+    by name, so a ``package.module:factory`` model must be importable from a fresh interpreter
+    with this process's ``sys.path``.  ``concurrent=False`` measures in this process.  The cache
     (default: `ProfileCache.load()` of the default path) is saved after each model, so an
     interrupted run keeps what it measured.  `max_tasks` caps the new keys measured over all
-    models.  `progress(model, i, n, op)` is called per task.
+    models.  `progress(model, i, n, op)` is called per task, in this process.
     """
     from ..hardware.presets import get_preset
     from ..ir.fx_import import import_spec
     from ..ir.strategy import degree_choices
     from ..zoo import load_model
 
+    _check_counts(repeats, warmup)
     device = device if device is not None else torch.device("cpu")
+    if concurrent is None:
+        concurrent = device.type == "cpu" and workers > 1
+    elif concurrent and device.type != "cpu":
+        raise CostModelError(f"concurrent profiling runs CPU worker processes; measure {device} with concurrent=False")
     kind = get_preset(f"local:{workers}").devices[0].product if device.type == "cpu" else device_kind_of(device)
     cache = cache if cache is not None else ProfileCache.load()
     total = ProfileReport(kind)
@@ -328,8 +606,13 @@ def profile_local(models: Sequence[str], *, workers: int = 2, options: Mapping[s
             choices = [(op.name, d) for op in graph.ops for d in degree_choices(op, workers)]
             step = None if progress is None else (lambda i, n, op, _m=name: progress(_m, i, n, op))
             left = None if max_tasks is None else max(0, max_tasks - len(total.measured) - len(total.skipped))
-            report = profile_ops(graph, choices, device, cache, repeats=repeats, warmup=warmup, device_kind=kind,
-                                 module=spec.module.to(device), budget=budget, max_tasks=left, progress=step)
+            if concurrent:
+                report = _profile_concurrent(name, options or {}, graph, choices, cache, kind, workers,
+                                             repeats=repeats, warmup=warmup, budget=budget, max_tasks=left,
+                                             progress=step)
+            else:
+                report = profile_ops(graph, choices, device, cache, repeats=repeats, warmup=warmup, device_kind=kind,
+                                     module=spec.module.to(device), budget=budget, max_tasks=left, progress=step)
             total = total.merge(report)
             cache.save()
     finally:

@@ -8,7 +8,8 @@ import torch.nn.functional as F
 
 from autopar.planner.cost.model import CostModel, graph_input_shapes
 from autopar.planner.cost.profile_cache import ProfileCache, task_key
-from autopar.planner.cost.profiler import device_kind_of, engine_overhead, measure_task, profile_ops
+from autopar.planner.cost.profiler import (EVICT_CAP_BYTES, L2_FALLBACK_BYTES, cache_evictor, device_kind_of,
+                                           engine_overhead, l2_cache_bytes, measure_task, profile_local, profile_ops)
 from autopar.planner.errors import CostModelError
 from autopar.planner.hardware.topology import Device
 from autopar.planner.ir.graph import WHOLE, DimKind, Op, OperatorGraph, ParamSpec, ParDim, TensorRef, TensorSpec, same
@@ -188,3 +189,115 @@ def test_max_tasks_caps_new_measurements_and_counts_the_rest():
     assert [r.op for r in report.measured] == ["fc", "fc", "relu1"] and report.remaining == 1
     rest = _run(g, [("fc", (1, 1)), ("fc", (2, 1)), ("relu1", (1, 1)), ("loss", (1,))], cache, max_tasks=3)
     assert [r.op for r in rest.measured] == ["loss"] and rest.cached == 3 and rest.remaining == 0
+
+
+def _snapshots_of(which: str, seen: list):
+    """A forward task that records a copy of a leaf's ``.grad`` each time autograd accumulates into it:
+    `which` is "param" (the first parameter) or "input" (the first input)."""
+    hooked = set()
+
+    def task(op, ranges, inputs, params):
+        leaf = params[0] if which == "param" else inputs[0]
+        if id(leaf) not in hooked:
+            hooked.add(id(leaf))
+            leaf.register_post_accumulate_grad_hook(lambda t: seen.append((t.grad.data_ptr(), t.grad.detach().clone())))
+        return _fake_forward_task(op, ranges, inputs, params)
+
+    return task
+
+
+def test_backward_accumulates_into_the_parameters_grad_as_a_step_does():
+    """Each timed backward call adds the weight's gradient into one preset ``.grad`` (the trainer's
+    bucket view), so the k-th snapshot is k times the first, in the same storage."""
+    g = _tiny_graph()
+    seen: list = []
+    _, bwd = measure_task(g, g["fc"], (1, 1), CPU, repeats=4, warmup=2, forward_task=_snapshots_of("param", seen))
+    assert bwd > 0
+    assert len(seen) == 1 + 1 + 4  # first call, one more warm-up, four timed
+    first = seen[0][1]
+    assert first.abs().sum() > 0
+    for k, (ptr, grad) in enumerate(seen, start=1):
+        assert ptr == seen[0][0], "accumulated in place into the preset tensor"
+        torch.testing.assert_close(grad, k * first)
+
+
+def test_backward_allocates_the_inputs_grad_afresh_each_call():
+    g = _tiny_graph()
+    seen: list = []
+    measure_task(g, g["relu1"], (1, 1), CPU, repeats=3, warmup=1, forward_task=_snapshots_of("input", seen))
+    assert len(seen) == 4
+    for _, grad in seen:  # reset to None before every call: never accumulated
+        torch.testing.assert_close(grad, seen[0][1])
+
+
+def test_measure_task_syncs_before_each_warmup_and_timed_phase():
+    g = _tiny_graph()
+    calls = []
+    measure_task(g, g["fc"], (1, 1), CPU, repeats=2, warmup=1, forward_task=_fake_forward_task,
+                 sync=lambda: calls.append(1))
+    assert len(calls) == 4  # forward warm-up, forward timed, backward warm-up, backward timed
+
+
+def test_l2_size_comes_from_sysfs_with_a_fallback(tmp_path):
+    for i, (level, kind, size) in enumerate([("1", "Data", "48K"), ("1", "Instruction", "32K"),
+                                              ("2", "Unified", "2048K"), ("3", "Unified", "480M")]):
+        d = tmp_path / f"index{i}"
+        d.mkdir()
+        (d / "level").write_text(level + "\n")
+        (d / "type").write_text(kind + "\n")
+        (d / "size").write_text(size + "\n")
+    assert l2_cache_bytes(tmp_path) == 2 << 20
+    assert l2_cache_bytes(tmp_path / "missing") == L2_FALLBACK_BYTES
+
+
+def test_caches_are_evicted_on_the_cpu_only():
+    import autopar.planner.cost.profiler as profiler
+    evict = cache_evictor(CPU)
+    assert evict is not None
+    before = profiler._evict_buffer.clone()
+    evict()
+    assert profiler._evict_buffer.numel() * 4 == min(EVICT_CAP_BYTES, 2 * l2_cache_bytes())
+    assert torch.equal(profiler._evict_buffer, before + 1)  # every element written
+    assert cache_evictor(torch.device("meta")) is None
+
+
+def test_concurrent_profiling_fills_the_same_keys_as_in_process(tmp_path):
+    """workers=2 on the CPU measures in two lockstep worker processes; the keys are those the
+    in-process run measures (a superset of workers=1's), the times positive, progress reported here."""
+    opts = {"batch": 2}
+    calls = []
+    conc = ProfileCache.load(tmp_path / "concurrent.json")
+    report = profile_local(["lenet"], workers=2, options=opts, cache=conc, repeats=1, warmup=0, concurrent=True,
+                           progress=lambda m, i, n, op: calls.append((m, i, n, op)))
+    single = ProfileCache.load(tmp_path / "single.json")
+    alone = profile_local(["lenet"], workers=2, options=opts, cache=single, repeats=1, warmup=0, concurrent=False)
+    one = ProfileCache.load(tmp_path / "one.json")
+    profile_local(["lenet"], workers=1, options=opts, cache=one, repeats=1, warmup=0)
+    assert report.skipped == [] and len(report.measured) == len(alone.measured) > 0
+    assert report.device_kind == alone.device_kind and report.engine_overhead >= 0
+    assert set(conc) == set(single) >= set(one)
+    assert len(ProfileCache.load(tmp_path / "concurrent.json")) == len(report.measured)  # saved
+    for rec in report.measured:
+        assert rec.forward > 0 and rec.backward >= 0
+        assert conc.get(rec.key) == (rec.forward, rec.backward)
+    assert any(rec.backward > 0 for rec in report.measured)
+    n = len(report.measured)
+    assert calls[0][:3] == ("lenet", 0, n) and calls[-1] == ("lenet", n, n, "")
+    assert [c[1] for c in calls] == list(range(n + 1))
+
+
+def test_a_failing_worker_stops_a_concurrent_run():
+    from autopar.planner.cost.profiler import _profile_concurrent
+    from autopar.planner.ir.fx_import import import_spec
+    from autopar.planner.zoo import get_model
+
+    g = import_spec(get_model("lenet", batch=2))
+    choices = [(op.name, (1,) * len(op.pardims)) for op in g.ops]
+    with pytest.raises(CostModelError, match="worker"):  # the workers cannot load the model
+        _profile_concurrent("no_such_model_anywhere", {}, g, choices, ProfileCache(), "test-cpu", 2,
+                            repeats=1, warmup=0, budget=None, max_tasks=None, progress=None)
+
+
+def test_concurrent_profiling_is_for_the_cpu():
+    with pytest.raises(CostModelError, match="concurrent"):
+        profile_local(["lenet"], workers=2, device=torch.device("meta"), concurrent=True, cache=ProfileCache())
