@@ -1,4 +1,5 @@
-"""`autopar profile`: measure op times on this machine into the profile cache."""
+"""`autopar profile`: measure op times on this machine into the profile cache, and the runtime
+calibration of ``local:N`` (`autopar.trainer.calibrate`) the first time, or with --recalibrate."""
 
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ def run_profile(args) -> int:
         print(file=sys.stderr)
     doc = report.to_dict()
     doc["cache"] = str(path)
+    doc["calibration"] = _calibration(args, cache, workers)
     if args.json:
         emit_json(doc)
         return 0
@@ -48,5 +50,37 @@ def run_profile(args) -> int:
         print(f"  skipped {op} {list(degrees)}: {reason}")
     if report.remaining:
         print(f"  {report.remaining} task shapes left unmeasured (--max-tasks); run again to continue")
+    cal = doc["calibration"]
+    print(f"calibration of local:{workers} ({cal['status']}): {cal['line']}")
     print(f"cache: {path}")
     return 0
+
+
+def _calibration(args, cache, workers: int) -> dict:
+    """Measure the runtime calibration of ``local:<workers>`` into `cache` (and save it) unless
+    --no-calibrate, or one is already there and not --recalibrate; what `autopar profile` reports."""
+    import time
+
+    from autopar.planner.hardware import get_preset
+
+    product = get_preset(f"local:{workers}").devices[0].product
+    if getattr(args, "no_calibrate", False):
+        return {"status": "skipped", "line": "not measured (--no-calibrate)", "world": workers}
+    from autopar.trainer.calibrate import BACKEND, calibrate, summary, summary_line
+
+    existing = cache.calibration(product, BACKEND, workers)
+    if existing is not None and not getattr(args, "recalibrate", False):
+        when = dict(existing.details).get("date", "?")
+        return {"status": "kept", "line": f"{summary_line(existing)} (measured {when}; --recalibrate to measure again)",
+                **summary(existing)}
+
+    def progress(message: str) -> None:
+        if not args.json:
+            print(f"calibrating local:{workers}: {message}", file=sys.stderr, flush=True)
+
+    t0 = time.perf_counter()
+    cal = calibrate(workers, progress=progress)
+    cache.put_calibration(cal)
+    cache.save()
+    return {"status": "measured", "line": summary_line(cal), **summary(cal),
+            "seconds": round(time.perf_counter() - t0, 1)}

@@ -77,8 +77,14 @@ def _build_parser() -> argparse.ArgumentParser:
                                     "the profile cache the cost model reads.")
     add_model_args(pr)
     pr.add_argument("--repeats", type=int, default=5, help="timed runs per task (median is kept)")
-    pr.add_argument("--warmup", type=int, default=2, help="untimed runs per task first")
+    pr.add_argument("--warmup", type=int, default=5,
+                    help="untimed runs per task first (the first few backward passes fault in fresh gradient pages)")
     pr.add_argument("--max-tasks", type=int, default=None, help="profile at most this many new task shapes")
+    pr.add_argument("--no-calibrate", action="store_true",
+                    help="only op times: skip measuring the runtime calibration of local:N (communication, "
+                         "per-op overheads, optimizer; about 20 s, once per machine and N)")
+    pr.add_argument("--recalibrate", action="store_true",
+                    help="measure the runtime calibration again even when the cache already holds one for local:N")
     pr.set_defaults(func=_cmd_profile)
 
     b = sub.add_parser("bench", help="the benchmarks the project is judged by",

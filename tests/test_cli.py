@@ -66,3 +66,16 @@ def test_simulate_trace_writes_the_first_strategys_step_as_trace_events(capsys, 
     doc = json.loads(path.read_text())
     assert doc["otherData"]["strategy"] == "model-parallel"
     assert any(e.get("ph") == "X" and e["name"].startswith("fwd ") for e in doc["traceEvents"])
+
+
+def test_profile_no_calibrate_measures_op_times_only(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("AUTOPAR_CACHE_DIR", str(tmp_path))
+    rc, out, _ = _run(capsys, "profile", "--model", "lenet", "-o", "batch=8", "-o", "image=12", "--topology", "local:2",
+                      "--max-tasks", "3", "--no-calibrate", "--json")
+    assert rc == 0
+    doc = json.loads(out)
+    assert doc["calibration"]["status"] == "skipped" and doc["measured"] > 0
+    from autopar.planner.cost import ProfileCache
+    cache = ProfileCache.load(doc["cache"])
+    assert len(cache) > 0 and cache.calibrations() == []
+    assert doc["cache"].startswith(str(tmp_path))

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from autopar.planner.ir import Box, Op, OperatorGraph, Range, Strategy, intersect, volume
+from autopar.planner.sim import requires_grad
 
 _FLOAT = ("float64", "float32", "float16", "bfloat16")
 
@@ -101,7 +102,8 @@ class ExecutionPlan:
             self.tasks[op.name] = tuple(
                 TaskInfo(op.name, t, dev, tuple(sorted(op.task_ranges(cfg.degrees, c).items())))
                 for t, (c, dev) in enumerate(zip(cfg.coords(), cfg.devices)))
-        self.requires_grad = _requires_grad(g)
+        # The simulator's rule (`planner.sim.requires_grad`), so both agree on which ops have a backward pass.
+        self.requires_grad = dict(zip((op.name for op in g.ops), requires_grad(g)))
         self.routes = {op.name: tuple(self._route(op, j) for j in range(len(op.inputs))) for op in g.ops}
 
     # -- per-rank views ------------------------------------------------------------------------
@@ -160,16 +162,6 @@ class ExecutionPlan:
         spec = producer.outputs[ref.index]
         grads = self.requires_grad[producer.name] and spec.dtype in _FLOAT
         return InputRoute(op.name, j, producer.name, ref.index, moves, sums, grads)
-
-
-def _requires_grad(graph: OperatorGraph) -> dict[str, bool]:
-    """An op needs a backward pass when it has parameters or reads a tensor that depends on one."""
-    out: dict[str, bool] = {}
-    for op in graph.ops:
-        float_param = any(p.dtype in _FLOAT for p in op.params)
-        upstream = any(out[r.op] and graph[r.op].outputs[r.index].dtype in _FLOAT for r in op.inputs)
-        out[op.name] = float_param or upstream
-    return out
 
 
 def bounding_box(boxes) -> Box:

@@ -5,15 +5,20 @@
 * `profile_cache` — measured times keyed by what decides them (device product, op kind, shard
   shapes, dtype, attributes), persisted as JSON;
 * `profiler` — `autopar profile`: runs the distinct tasks of a model's strategies on this
-  machine and fills the cache.
+  machine and fills the cache;
+* `calibration` — what the trainer costs beyond the kernels (overheads, communication, the
+  optimizer), measured by `autopar.trainer.calibrate` and kept in the profile cache.
 
 The cost model reads the IR and the hardware; the simulator and the search read it.
 """
 
+from .calibration import Curve, RuntimeCalibration, calibration_key, default_calibration
 from .model import AnalyticModel, CostModel, Estimate, KindClass, graph_input_shapes, kind_class
 from .profile_cache import CACHE_ENV, ProfileCache, default_cache_path, task_key
-from .profiler import ProfileRecord, ProfileReport, device_kind_of, measure_task, profile_local, profile_ops
+from .profiler import (ProfileRecord, ProfileReport, device_kind_of, engine_overhead, measure_task, profile_local,
+                       profile_ops)
 
-__all__ = ["CACHE_ENV", "AnalyticModel", "CostModel", "Estimate", "KindClass", "ProfileCache", "ProfileRecord",
-           "ProfileReport", "default_cache_path", "device_kind_of", "graph_input_shapes", "kind_class", "measure_task",
-           "profile_local", "profile_ops", "task_key"]
+__all__ = ["CACHE_ENV", "AnalyticModel", "CostModel", "Curve", "Estimate", "KindClass", "ProfileCache", "ProfileRecord",
+           "ProfileReport", "RuntimeCalibration", "calibration_key", "default_cache_path", "default_calibration",
+           "device_kind_of", "engine_overhead", "graph_input_shapes", "kind_class", "measure_task", "profile_local",
+           "profile_ops", "task_key"]

@@ -4,7 +4,7 @@ The best simulators of distributed training (Lumos, DistSim, Proteus, DistIR cal
 their accuracy from measuring what a per-op profile cannot see: the framework's overhead around
 each op, communication as the library really performs it, and the optimizer step.  A
 `RuntimeCalibration` holds those numbers for one device product, communication backend and world
-size; `autopar profile` measures it (`planner.cost.profiler.calibrate`) and the profile cache
+size; `autopar profile` measures it (`autopar.trainer.calibrate`) and the profile cache
 keeps it beside the op times.  The simulator reads it when it models the trainer's execution
 (`planner.sim.trainer_model`).
 

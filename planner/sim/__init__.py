@@ -24,7 +24,9 @@ from .memory import check_fits, peak_memory
 from .simulator import DeltaSimulator, TaskGraph, TaskInfo, Timeline, simulate
 from .taskgraph import OPTIMIZER_STATES, DeltaSession, TaskGraphBuilder, Transfer
 from .trace import device_process_name, simulated_trace
+from .trainer_model import requires_grad, trainer_calibration
 
 __all__ = ["DEFAULT_BUCKET_BYTES", "MIN_TASK_SECONDS", "OPTIMIZER_STATES", "SyncBucket", "plan_buckets", "DeltaSession", "DeltaSimulator", "SimulationResult", "TaskGraph",
            "TaskGraphBuilder", "TaskInfo", "Timeline", "Transfer", "check_fits", "device_process_name", "frozen_heap",
-           "gc_paused", "peak_memory", "refreeze", "simulate", "simulate_strategy", "simulated_trace", "summarize"]
+           "gc_paused", "peak_memory", "refreeze", "requires_grad", "simulate", "simulate_strategy", "simulated_trace",
+           "summarize", "trainer_calibration"]

@@ -54,15 +54,26 @@ _FLOAT = ("float64", "float32", "float16", "bfloat16")
 
 def trainer_calibration(topology, cost) -> RuntimeCalibration | None:
     """The runtime calibration to simulate `topology` with the trainer's model, or None for
-    FlexFlow's.  The trainer's model applies to CPU worker ranks on one machine (``local:N``,
-    gloo); its calibration comes from the cost model's profile cache, or the defaults."""
+    FlexFlow's.
+
+    The trainer's model applies where the trainer's own costs are known: CPU worker ranks on one
+    machine (``local:N``, gloo), with their measured calibration from the cost model's profile
+    cache or else the defaults; and any topology of one device product for which `autopar profile`
+    measured a calibration of that world size (``nccl`` on GPUs, the same measurements through
+    the same code).  GPU presets nothing was measured on keep FlexFlow's idealized runtime, which
+    the paper's figures assume."""
     devices = topology.devices
-    if not devices or any(not d.kind.lower().startswith("cpu") for d in devices) or len(topology.nodes) != 1:
+    if not devices or len({d.product for d in devices}) != 1:
         return None
     product, world = devices[0].product, len(devices)
+    cpu = all(d.kind.lower().startswith("cpu") for d in devices)
     cache = getattr(cost, "cache", None)
-    measured = cache.calibration(product, "gloo", world) if cache is not None else None
-    return measured if measured is not None else default_calibration(product, "gloo", world)
+    measured = cache.calibration(product, "gloo" if cpu else "nccl", world) if cache is not None else None
+    if measured is not None:
+        return measured
+    if cpu and len(topology.nodes) == 1:
+        return default_calibration(product, "gloo", world)
+    return None
 
 
 # -- keys (see the module docstring; stage 0 forward, 1 backward, 2 buckets, 4 the end) -----------

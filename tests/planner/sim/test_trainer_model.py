@@ -86,3 +86,15 @@ def test_a_calibrated_optimizer_replaces_the_analytic_update():
     params = g.param_specs
     expected = cal.optimizer_time("sgd", len(params), sum(p.nbytes for p in params.values()))
     assert tg.task((4, 1, 0)).duration == pytest.approx(expected)
+
+
+def test_a_measured_nccl_calibration_puts_a_gpu_topology_on_the_trainers_model():
+    from dataclasses import replace
+
+    from autopar.planner.cost import ProfileCache
+    topo = get_preset("p100-1x4")
+    cache = ProfileCache()
+    assert TaskGraphBuilder(mlp(), topo, CostModel(cache)).runtime is None      # nothing measured: FlexFlow's
+    cal = replace(default_calibration(topo.devices[0].product, "nccl", 4), source="measured")
+    cache.put_calibration(cal)
+    assert TaskGraphBuilder(mlp(), topo, CostModel(cache)).runtime == cal

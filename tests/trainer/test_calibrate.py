@@ -1,0 +1,72 @@
+"""`trainer.calibrate`: a quick calibration of 2 local ranks is a usable `RuntimeCalibration`
+that survives the profile cache, and the optimizer fit recovers known coefficients."""
+
+from __future__ import annotations
+
+import pytest
+
+from autopar.planner.cost import ProfileCache
+from autopar.planner.cost.calibration import RuntimeCalibration
+from autopar.trainer.calibrate import QUICK_SIZES, calibrate, fit_intercept, fit_optimizer
+
+
+def _monotone_positive(points) -> bool:
+    xs = [x for x, _ in points]
+    ys = [y for _, y in points]
+    return all(y > 0 for y in ys) and all(b > a for a, b in zip(xs, xs[1:])) and all(b >= a for a, b in zip(ys, ys[1:]))
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+def test_a_quick_calibration_of_two_ranks_is_complete_and_round_trips(tmp_path):
+    stages = []
+    cal = calibrate(2, quick=True, progress=stages.append)
+    assert isinstance(cal, RuntimeCalibration)
+    assert (cal.backend, cal.world, cal.source, cal.product) == ("gloo", 2, "measured", "CPU-core")
+    assert len(stages) >= 3
+    assert _monotone_positive(cal.p2p.points)
+    assert cal.p2p.points[0][0] == 4 and cal.p2p.points[-1][0] == QUICK_SIZES[-1]
+    assert [g for g, _ in cal.allreduce] == [2]
+    assert _monotone_positive(cal.allreduce[0][1].points)
+    assert cal.p2p(1 << 20) > 0 and cal.allreduce_time(1 << 20, 2) > 0
+    assert min(cal.fwd_task_s, cal.bwd_task_s, cal.exchange_s) >= 0
+    assert max(cal.fwd_task_s, cal.bwd_task_s, cal.exchange_s) < 5e-3     # microseconds, not a stray step
+    assert {name for name, _, _ in cal.optimizer} == {"adam", "sgd"}
+    assert all(t >= 0 and b >= 0 and t + b > 0 for _, t, b in cal.optimizer)
+    assert cal.optimizer_time("adam", 10, 40e6) > 0
+    details = dict(cal.details)
+    assert details["quick"] is True and details["sizes"] == list(QUICK_SIZES) and "torch" in details
+    assert _monotone_positive([tuple(p) for p in details["p2p_median"]])
+
+    path = tmp_path / "profile.json"
+    cache = ProfileCache(path=path)
+    cache.put_calibration(cal)
+    cache.save()
+    back = ProfileCache.load(path).calibration(cal.product, "gloo", 2)
+    assert back == cal
+    assert dict(back.details)["date"] == details["date"]
+
+
+def test_optimizer_fit_recovers_coefficients_and_never_goes_negative():
+    per_tensor, per_byte = 20e-6, 0.8e-9
+    cases = [(t, float(t * b)) for t in (4, 32) for b in (4 << 10, 64 << 10, 4 << 20)]
+    exact = [(t, nb, t * per_tensor + nb * per_byte) for t, nb in cases]
+    a, c = fit_optimizer(exact)
+    assert a == pytest.approx(per_tensor, rel=1e-6) and c == pytest.approx(per_byte, rel=1e-6)
+    # Noise of +-5 % keeps both coefficients close.
+    noisy = [(t, nb, s * (1.05 if k % 2 else 0.95)) for k, (t, nb, s) in enumerate(exact)]
+    a, c = fit_optimizer(noisy)
+    assert a == pytest.approx(per_tensor, rel=0.2) and c == pytest.approx(per_byte, rel=0.1)
+    # Costs that fall with the tensor count would need a negative per-tensor cost: clamped to 0.
+    a, c = fit_optimizer([(1, 1e6, 2e-3), (100, 1e6, 1e-3), (1, 4e6, 4e-3)])
+    assert a == 0.0 and c > 0
+    with pytest.raises(ValueError):
+        fit_optimizer([])
+
+
+def test_intercept_fit_is_the_per_task_slope():
+    rows = [(n, 30e-6 + n * 12e-6) for n in (8, 20, 52)]
+    slope, const = fit_intercept(rows)
+    assert slope == pytest.approx(12e-6) and const == pytest.approx(30e-6)
+    assert fit_intercept([(10, -1e-4), (20, -3e-4)])[0] == 0.0     # clamped
+    assert fit_intercept([(10, 1e-4), (10, 3e-4)])[0] == pytest.approx(2e-5)

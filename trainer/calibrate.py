@@ -1,0 +1,572 @@
+"""Measure what the trainer costs beyond its ops' kernels on this machine: a `RuntimeCalibration`.
+
+    autopar profile --model M --topology local:N              # op times, then this calibration
+    autopar profile --model M --topology local:N --recalibrate   # measure the calibration again
+
+The simulator models a step the way the trainer runs it on local gloo ranks
+(`planner.sim.trainer_model`); everything in that model that a per-op profile cannot see comes
+from here.  The simulators that predict distributed training best calibrate exactly these
+numbers: a constant overhead per op measured as the intercept of the runtime's own timings
+against kernel times (DistIR), and collectives measured on the real library per message size and
+group size, interpolated monotonically between the measured sizes (DistSim, Proteus, Lumos).
+Every measurement runs on `world` local ranks started by `trainer.launch.run_local` — gloo over
+loopback, one torch thread per rank, as `autopar train` runs them.  It measures the machine as it
+is: run it when nothing else competes for the cores.  `calibrate(world)` measures:
+
+1. **Point to point** (`RuntimeCalibration.p2p`): for 4 B and every power of 4 from 1 KiB to
+   16 MiB, the seconds rank 1 waits inside `trainer.comm.exchange_many` for one float32 message
+   from rank 0.  Both ranks leave a barrier together; rank 0 issues its send through the same
+   `exchange_many` and immediately computes (a loop of 128x128 matmuls, about 1 ms, one thread)
+   before it waits for the send, as a rank does in a real step.  That matters: between idle ranks
+   a small message takes 120-190 us, but with the sender computing, gloo's progress on the
+   sender side competes with the compute for the core and the receiver's wait gets a heavy tail
+   (median 150-250 us, 90th percentile 1-7 ms) — a real step's exchanges average about 0.8 ms.
+   The curve is therefore fitted (`Curve.fit`) to the **mean** wait of many repetitions (120 per
+   size), not the median; the median curve and the 90th percentiles are kept in ``details``.
+2. **All-reduce** (`RuntimeCalibration.allreduce`): for every group size r in 2..world (the
+   ranks 0..r-1; every rank creates every group, in the same order, before the first
+   measurement), the same sizes, ``dist.all_reduce`` of a float32 tensor.  Each member times its
+   own call after a world barrier; a repetition lasts as long as its slowest member, and the curve
+   is fitted to the mean of those maxima.
+3. **Per-op overheads** (``fwd_task_s``, ``bwd_task_s``) as intercepts of the real runtime: small
+   synthetic models — a chain of K elementwise ops (``tanh``) and a chain of K small linear
+   layers, each at several K — are imported like a user's model (`planner.ir.import_spec`) and
+   stepped by the trainer's own `Trainer` on one rank under the single-device strategy.  Their
+   kernel times come from the profiler's own `planner.cost.measure_task` (the code `autopar
+   profile` runs, with its engine start-up taken off the backward), measured warm — without the
+   profiler's cache eviction — because the chains' tiny tensors stay in cache during the step
+   too: the intercept is then the runtime's own cost, whatever the profiler assumes about caches
+   in bigger models.  Per model, the median over steps of the wall time of the runtime's forward
+   pass minus the sum of its ops' kernel times is regressed on the number of forward tasks (every
+   op, graph inputs included, as the simulator counts them); the slope is ``fwd_task_s`` (the
+   intercept, a constant per step, is kept in ``details``).  The same for the backward pass over
+   the tasks that need a gradient gives ``bwd_task_s``.  Wall time, not only the ``fwd``/``bwd``
+   phases (`Runtime.phases`): the phases time the kernel calls, while the runtime's per-op
+   bookkeeping around them (input assembly, autograd leaves, the gradient accumulators) runs
+   between spans — nearly all of the per-op overhead on this machine (forward: about 11 us per
+   task, 2 us of it inside the phase) — and the simulator has nowhere else to charge it.  The
+   phase-only intercepts are kept in ``details`` too.  The runtime fuses a chain of one-to-one
+   local edges into one autograd call (`Runtime._fusable`), which is what a single-device or
+   data-parallel plan runs; an op whose edges cross ranks runs its own ``autograd.backward`` and
+   pays the engine's start-up each time.
+   ``bwd_task_s`` is the fused cost (the single-device run); the same chains with fusion turned
+   off give ``details["bwd_task_unfused_s"]``, for a simulator that tells the two apart.
+4. **Exchange overhead** (``exchange_s``): two ranks step the same chains under a plan that puts
+   op i on rank i mod 2, so every op exchanges its input forward and its gradient backward, with
+   `exchange_many` wrapped by a timer inside the ranks.  ``exchange_s`` is the time the runtime
+   spends in its ``exchange``/``grad exchange`` spans outside `exchange_many` — building the
+   messages from the producers' outputs and assembling the received pieces into inputs or
+   gradients — per exchange call.  The message itself (`exchange_many`: issuing, waiting,
+   receiving) is what the p2p curve measures, so the simulator's message time ``p2p(bytes) +
+   exchange_s`` counts every part once.  The alternative of subtracting the p2p curve from the
+   exchange spans was not used: in a chain on alternating ranks a receiver's wait also holds its
+   peer's compute, which the simulator models as a dependency and must not be counted twice, and
+   the p2p tail would make the difference mostly noise; a direct measurement of `exchange_many`
+   with tiny messages is the p2p curve's 4-byte point, not an overhead beyond it.
+5. **Optimizer** (``optimizer``): ``optimizer.step()`` of "sgd" (momentum 0.9) and "adam", as the
+   trainer builds them (`trainer.optim.OptimizerConfig`; on CPU tensors torch steps them one
+   tensor at a time, its foreach kernels being for accelerators), over T float32 parameter
+   tensors of B bytes each, for T in {4, 32} and B in {4 KiB, 64 KiB, 4 MiB}, one thread, after two
+   untimed steps that create the state.  The median step time is fitted as ``T * per_tensor +
+   T * B * per_byte`` by non-negative least squares of the relative residuals (`fit_optimizer`):
+   the small tensors pin the per-tensor cost (about 20 us for Adam here), the large ones the
+   per-byte cost, and neither drowns the other.
+
+``comm_uses_cores`` is ``os.cpu_count() < 2 * world``: with fewer than two cores per rank, gloo's
+threads copy, reduce and drive sockets on the cores the ranks compute on.  Overheads are clamped
+at 0.  With ``world == 1`` nothing communicates: p2p, all-reduce and ``exchange_s`` are the
+defaults' (`default_calibration`) and ``details["not_measured"]`` says so.
+
+A full calibration of 2 ranks takes about 20 s on this machine (120 repetitions per p2p size and
+60 per all-reduce size, because of the tail).  ``quick=True`` measures fewer sizes (4 B, 16 KiB,
+1 MiB, 16 MiB), a dozen repetitions, two chain lengths and smaller optimizer runs, in about 8 s:
+good enough for tests, too noisy for planning.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import os
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from autopar.planner.cost import Curve, RuntimeCalibration, default_calibration
+
+from .launch import run_local
+
+BACKEND = "gloo"
+FULL_SIZES = (4,) + tuple(1 << (10 + 2 * k) for k in range(8))     # 4 B, 1 KiB, 4 KiB, ..., 16 MiB
+QUICK_SIZES = (4, 16 << 10, 1 << 20, 16 << 20)
+#: Seconds the sender computes after issuing its send (module docstring, 1.).
+BUSY_S = 1e-3
+_CHAIN_WIDTH = 16
+_CHAIN_BATCH = 8
+
+
+@dataclass(frozen=True)
+class Settings:
+    sizes: tuple[int, ...]
+    p2p_reps: int
+    allreduce_reps: int
+    warmup_reps: int
+    chain_lengths: tuple[int, ...]        # K of the overhead chains
+    exchange_lengths: tuple[int, ...]     # K of the alternating-rank chains
+    steps: int
+    warmup_steps: int
+    profile_repeats: int
+    optimizer_cases: tuple[tuple[int, int], ...]   # (tensors, bytes per tensor)
+    optimizer_repeats: int
+
+
+def settings(quick: bool) -> Settings:
+    if quick:
+        return Settings(QUICK_SIZES, p2p_reps=12, allreduce_reps=8, warmup_reps=2, chain_lengths=(4, 24),
+                        exchange_lengths=(8,), steps=12, warmup_steps=3, profile_repeats=10,
+                        optimizer_cases=((4, 4 << 10), (16, 4 << 10), (4, 1 << 20), (16, 1 << 20)),
+                        optimizer_repeats=5)
+    return Settings(FULL_SIZES, p2p_reps=120, allreduce_reps=60, warmup_reps=3, chain_lengths=(4, 16, 48),
+                    exchange_lengths=(8, 24), steps=30, warmup_steps=5, profile_repeats=30,
+                    optimizer_cases=tuple((t, b) for t in (4, 32) for b in (4 << 10, 64 << 10, 4 << 20)),
+                    optimizer_repeats=9)
+
+
+# -- fits ------------------------------------------------------------------------------------------
+
+def fit_optimizer(samples: Sequence[tuple[int, float, float]]) -> tuple[float, float]:
+    """(seconds per tensor, seconds per byte) from (tensors, total bytes, seconds) samples: least
+    squares of ``seconds = tensors * per_tensor + bytes * per_byte`` in relative terms (each
+    sample's residual divided by its seconds, so a 100 ms step does not drown a 100 us one), with
+    both coefficients >= 0 (when the unconstrained solution has a negative one, that one is 0 and
+    the other is refitted alone)."""
+    rows = [(t / y, b / y) for t, b, y in samples if y > 0]
+    if not rows:
+        raise ValueError("fit_optimizer needs at least one (tensors, bytes, seconds) sample with seconds > 0")
+    # Normal equations of min sum (t a + b c - 1)^2 over the scaled rows.
+    tt = sum(t * t for t, _ in rows)
+    bb = sum(b * b for _, b in rows)
+    tb = sum(t * b for t, b in rows)
+    t1 = sum(t for t, _ in rows)
+    b1 = sum(b for _, b in rows)
+    det = tt * bb - tb * tb
+    if det > 1e-9 * tt * bb:
+        a = (t1 * bb - b1 * tb) / det
+        c = (tt * b1 - tb * t1) / det
+        if a >= 0 and c >= 0:
+            return a, c
+    cands = [(0.0, 0.0)]
+    if tt > 0:
+        cands.append((max(0.0, t1 / tt), 0.0))
+    if bb > 0:
+        cands.append((0.0, max(0.0, b1 / bb)))
+    return min(cands, key=lambda ac: sum((t * ac[0] + b * ac[1] - 1.0) ** 2 for t, b in rows))
+
+
+def fit_intercept(rows: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """(per-task seconds, per-step seconds): least squares of ``residual = per_step + tasks *
+    per_task`` over (tasks, residual) rows (through the origin when every row has the same task
+    count); the per-task slope is clamped at 0."""
+    xs = [float(x) for x, _ in rows]
+    ys = [float(y) for _, y in rows]
+    if len(set(xs)) < 2:
+        xx = sum(x * x for x in xs)
+        return (max(0.0, sum(x * y for x, y in zip(xs, ys)) / xx) if xx else 0.0), 0.0
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    slope = max(0.0, slope)
+    return slope, my - slope * mx
+
+
+# -- 1. and 2.: communication (runs in the ranks) --------------------------------------------------
+
+def _busy(seconds: float, a: torch.Tensor) -> None:
+    """Compute with torch ops (about 0.1-0.2 ms each) for `seconds`."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        torch.mm(a, a)
+
+
+def _comm_rank(rank: int, world: int, cfg: Settings) -> dict | None:
+    from .comm import exchange_many, wait_all
+
+    device = torch.device("cpu")
+    a = torch.randn(128, 128)
+    groups = {r: dist.new_group(list(range(r))) for r in range(2, world + 1)}   # same order on every rank
+    dist.barrier()
+    # Point to point, rank 0 -> rank 1; the others only join the barriers.
+    p2p: dict[int, list[float]] = {}
+    for size in cfg.sizes:
+        n = max(1, size // 4)
+        send = torch.randn(n) if rank == 0 else None
+        waits = []
+        for rep in range(cfg.warmup_reps + cfg.p2p_reps):
+            dist.barrier()
+            if rank == 0:
+                pending: list = []
+                exchange_many({(1, 0): send}, {}, device, pending)
+                _busy(BUSY_S, a)
+                wait_all(pending)
+            elif rank == 1:
+                t0 = time.perf_counter()
+                exchange_many({}, {(0, 0): (n, torch.float32)}, device, [])
+                if rep >= cfg.warmup_reps:
+                    waits.append(time.perf_counter() - t0)
+        p2p[size] = waits
+    # All-reduce among ranks 0..r-1 for every r.
+    mine: list[float] = []
+    layout: list[tuple[int, int]] = []
+    for r, group in groups.items():
+        for size in cfg.sizes:
+            t = torch.randn(max(1, size // 4))
+            for rep in range(cfg.warmup_reps + cfg.allreduce_reps):
+                dist.barrier()
+                if rank < r:
+                    t0 = time.perf_counter()
+                    dist.all_reduce(t, group=group)
+                    dt = time.perf_counter() - t0
+                else:
+                    dt = 0.0
+                if rep >= cfg.warmup_reps:
+                    mine.append(dt)
+                    layout.append((r, size))
+    every = [torch.zeros(len(mine), dtype=torch.float64) for _ in range(world)]
+    dist.all_gather(every, torch.tensor(mine, dtype=torch.float64))
+    p2p_all = [None] * world
+    dist.all_gather_object(p2p_all, p2p)
+    if rank != 0:
+        return None
+    worst = torch.stack(every).max(dim=0).values.tolist()
+    allreduce: dict[int, dict[int, list[float]]] = {}
+    for (r, size), s in zip(layout, worst):
+        allreduce.setdefault(r, {}).setdefault(size, []).append(s)
+    return {"p2p": p2p_all[1], "allreduce": allreduce}
+
+
+# -- 3. and 4.: the runtime's overheads (run in the ranks) -----------------------------------------
+
+class _Elementwise(nn.Module):
+    """A scale then K ``tanh``: K + 1 tiny elementwise ops."""
+
+    def __init__(self, k: int):
+        super().__init__()
+        self.k = k
+        self.scale = nn.Parameter(torch.ones(_CHAIN_WIDTH))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x * self.scale
+        for _ in range(self.k):
+            x = torch.tanh(x)
+        return x
+
+
+class _Linears(nn.Module):
+    """K small linear layers in a row."""
+
+    def __init__(self, k: int):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(_CHAIN_WIDTH, _CHAIN_WIDTH) for _ in range(k))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def chain_spec(kind: str, k: int):
+    """The synthetic model `kind` ("elementwise" or "linear") of length `k`, as a user writes one."""
+    from autopar.planner.zoo import ModelSpec, TensorSpec
+    from autopar.planner.zoo import seeded
+    module = seeded(0, lambda: _Elementwise(k) if kind == "elementwise" else _Linears(k))
+    return ModelSpec(name=f"calibrate-{kind}-{k}", module=module,
+                     inputs=(("x", TensorSpec((_CHAIN_BATCH, _CHAIN_WIDTH), ("n", "c"))),),
+                     target=("labels", TensorSpec((_CHAIN_BATCH,), ("n",), "int64")), loss="cross_entropy",
+                     description=f"calibration chain: {k} {kind} ops of {_CHAIN_BATCH}x{_CHAIN_WIDTH}")
+
+
+def _job(kind: str, k: int, placement: Callable[[int], int] | None):
+    from autopar.planner.ir import ParallelConfig, Strategy, import_spec, single_device
+
+    from .optim import OptimizerConfig
+    from .train import Job, TrainConfig
+    spec = chain_spec(kind, k)
+    graph = import_spec(spec)
+    if placement is None:
+        strategy = single_device(graph)
+    else:
+        strategy = Strategy.from_mapping(graph, {op.name: ParallelConfig((1,) * len(op.pardims), (placement(i),))
+                                                 for i, op in enumerate(graph.ops)}, "alternating")
+    cfg = TrainConfig(model=spec.name, optimizer=OptimizerConfig("sgd", lr=0.01, momentum=0.9), log=False)
+    return Job(cfg, spec, graph, strategy)
+
+
+def _timed_passes(rt) -> list[float]:
+    """Wrap the runtime's forward and backward passes with wall timers; returns [fwd, bwd] seconds
+    of the last step, updated in place."""
+    last = [0.0, 0.0]
+    fwd, bwd = rt._forward, rt._backward
+
+    def timed_fwd(*a):
+        t0 = time.perf_counter()
+        out = fwd(*a)
+        last[0] = time.perf_counter() - t0
+        return out
+
+    def timed_bwd(*a):
+        t0 = time.perf_counter()
+        out = bwd(*a)
+        last[1] = time.perf_counter() - t0
+        return out
+    rt._forward, rt._backward = timed_fwd, timed_bwd
+    return last
+
+
+def _kernel_sums(job, repeats: int, memo: dict) -> dict[str, float]:
+    """The kernel times of the job's single-device tasks, measured warm by the profiler's own
+    `measure_task` (its engine start-up taken off the backward, as `autopar profile` does), and
+    the counts of forward and backward tasks the simulator charges (`planner.sim.trainer_model`).
+    Ops without inputs (the graph's inputs) have no kernel: the data loader's slice is overhead."""
+    import inspect
+
+    from autopar.planner.cost import engine_overhead, graph_input_shapes, measure_task, task_key
+    from autopar.planner.sim import requires_grad
+
+    graph = job.graph
+    cpu = torch.device("cpu")
+    if "engine" not in memo:
+        memo["engine"] = engine_overhead(cpu)
+    warm = {"cold": False} if "cold" in inspect.signature(measure_task).parameters else {}
+    grads = requires_grad(graph)
+    fwd = bwd = 0.0
+    for op, grad in zip(graph.ops, grads):
+        if not op.inputs:
+            continue
+        degrees = (1,) * len(op.pardims)
+        key = task_key(op, degrees, "calibration", graph_input_shapes(graph, op))
+        if key not in memo:
+            memo[key] = measure_task(graph, op, degrees, cpu, repeats=repeats, warmup=5, module=job.spec.module,
+                                     overhead=memo["engine"], **warm)
+        f, b = memo[key]
+        fwd += f
+        bwd += b if grad else 0.0
+    return {"fwd_kernels": fwd, "bwd_kernels": bwd, "fwd_tasks": len(graph.ops), "bwd_tasks": sum(grads)}
+
+
+def _overhead_rank(rank: int, world: int, cfg: Settings) -> dict:
+    """One rank: the chains single-device (fused as the runtime fuses them, then unfused), and the
+    optimizer steps."""
+    from . import runtime as rt_mod
+    from .comm import ProcessGroups
+    from .session import Trainer
+
+    rows = []
+    memo: dict = {}
+    fusable = rt_mod.Runtime._fusable
+    for kind in ("elementwise", "linear"):
+        for k in cfg.chain_lengths:
+            job = _job(kind, k, None)
+            row = {"model": job.graph.name, **_kernel_sums(job, cfg.profile_repeats, memo)}
+            for fused in (True, False):
+                if not fused:
+                    rt_mod.Runtime._fusable = lambda self, rv, views: False
+                try:
+                    tr = Trainer(job, rank, world, ProcessGroups())
+                finally:
+                    rt_mod.Runtime._fusable = fusable
+                last = _timed_passes(tr.runtime)
+                walls, phases = [], []
+                for s in range(cfg.warmup_steps + cfg.steps):
+                    tr.forward_backward(s)
+                    if s >= cfg.warmup_steps:
+                        walls.append(list(last))
+                        phases.append(dict(tr.runtime.phases))
+                tag = "" if fused else "unfused_"
+                row[f"{tag}fwd_wall"] = statistics.median(w[0] for w in walls)
+                row[f"{tag}bwd_wall"] = statistics.median(w[1] for w in walls)
+                row[f"{tag}fwd_phase"] = statistics.median(p["fwd"] for p in phases)
+                row[f"{tag}bwd_phase"] = statistics.median(p["bwd"] for p in phases)
+            rows.append(row)
+    return {"chains": rows, "optimizer": _optimizer_samples(cfg)}
+
+
+def _optimizer_samples(cfg: Settings) -> dict[str, list[tuple[int, float, float]]]:
+    from .optim import OptimizerConfig
+
+    out: dict[str, list[tuple[int, float, float]]] = {}
+    gen = torch.Generator().manual_seed(0)
+    for name in ("sgd", "adam"):
+        opt_cfg = OptimizerConfig(name, lr=1e-3, momentum=0.9)
+        for tensors, nbytes in cfg.optimizer_cases:
+            n = nbytes // 4
+            params = [torch.randn(n, generator=gen).requires_grad_(True) for _ in range(tensors)]
+            for p in params:
+                p.grad = torch.randn(n, generator=gen)
+            opt = opt_cfg.build(params)
+            opt.step()      # creates the state
+            opt.step()
+            times = []
+            for _ in range(cfg.optimizer_repeats):
+                t0 = time.perf_counter()
+                opt.step()
+                times.append(time.perf_counter() - t0)
+            out.setdefault(name, []).append((tensors, float(tensors * nbytes), statistics.median(times)))
+            del opt, params
+    return out
+
+
+def _exchange_rank(rank: int, world: int, cfg: Settings) -> list[dict]:
+    """Two ranks step the chains with op i on rank i mod 2; per step, time in the exchange spans,
+    time inside `exchange_many`, and the number of exchange calls."""
+    from . import runtime as rt_mod
+    from .comm import ProcessGroups
+    from .session import Trainer
+
+    inner = rt_mod.exchange_many
+    acc = [0, 0.0]
+
+    def timed(*a, **kw):
+        t0 = time.perf_counter()
+        try:
+            return inner(*a, **kw)
+        finally:
+            acc[0] += 1
+            acc[1] += time.perf_counter() - t0
+    rt_mod.exchange_many = timed
+    out = []
+    try:
+        for kind in ("elementwise", "linear"):
+            for k in cfg.exchange_lengths:
+                job = _job(kind, k, lambda i: i % 2)
+                tr = Trainer(job, rank, world, ProcessGroups())
+                steps = []
+                for s in range(cfg.warmup_steps + cfg.steps):
+                    dist.barrier()
+                    acc[:] = [0, 0.0]
+                    tr.forward_backward(s)
+                    if s >= cfg.warmup_steps:
+                        ph = tr.runtime.phases
+                        steps.append((acc[0], ph["exchange"] + ph["grad exchange"], acc[1]))
+                out.append({"model": job.graph.name, "steps": steps})
+    finally:
+        rt_mod.exchange_many = inner
+    return out
+
+
+# -- the calibration -------------------------------------------------------------------------------
+
+def _stats(xs: Sequence[float]) -> dict[str, float]:
+    s = sorted(xs)
+    return {"mean": statistics.fmean(s), "median": statistics.median(s),
+            "p90": s[min(len(s) - 1, int(math.ceil(0.9 * len(s))) - 1)], "n": len(s)}
+
+
+def calibrate(world: int, *, quick: bool = False, progress: Callable[[str], None] | None = None) -> RuntimeCalibration:
+    """Measure the `RuntimeCalibration` of `world` local gloo ranks (module docstring).
+
+    `progress(message)` is called before each stage.  About 20 s on 2 ranks of this machine
+    (``quick``: about 8 s)."""
+    from autopar.planner.hardware import get_preset
+
+    if world < 1:
+        raise ValueError(f"calibrate needs at least one rank, got world={world}")
+    cfg = settings(quick)
+    say = progress or (lambda _m: None)
+    product = get_preset(f"local:{world}").devices[0].product
+    fallback = default_calibration(product, BACKEND, world)
+    t_all = time.perf_counter()
+    details: dict[str, Any] = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                               "torch": torch.__version__, "cpu_count": os.cpu_count(), "quick": quick,
+                               "sizes": list(cfg.sizes), "threads_per_rank": 1, "sender_busy_s": BUSY_S}
+    not_measured = []
+
+    # 1. and 2.
+    if world >= 2:
+        say(f"point to point and all-reduce on {world} gloo ranks ({len(cfg.sizes)} sizes)")
+        comm = run_local(_comm_rank, world, (cfg,))[0]
+        p2p_stats = {size: _stats(w) for size, w in sorted(comm["p2p"].items())}
+        p2p = Curve.fit((size, st["mean"]) for size, st in p2p_stats.items())
+        details["p2p_repetitions"] = cfg.p2p_reps
+        details["p2p_stats_s"] = {str(size): st for size, st in p2p_stats.items()}
+        details["p2p_median"] = Curve.fit((size, st["median"]) for size, st in p2p_stats.items()).to_json()
+        allreduce = []
+        ar_stats = {}
+        for r, by_size in sorted(comm["allreduce"].items()):
+            st = {size: _stats(v) for size, v in sorted(by_size.items())}
+            ar_stats[str(r)] = {str(size): s for size, s in st.items()}
+            allreduce.append((r, Curve.fit((size, s["mean"]) for size, s in st.items())))
+        details["allreduce_repetitions"] = cfg.allreduce_reps
+        details["allreduce_stats_s"] = ar_stats
+        details["allreduce_median"] = {str(r): Curve.fit((int(size), s["median"]) for size, s in st.items()).to_json()
+                                       for r, st in ar_stats.items()}
+    else:
+        p2p, allreduce = fallback.p2p, list(fallback.allreduce)
+        not_measured += ["p2p", "allreduce"]
+
+    # 3. and 5.
+    say("per-op overheads of the runtime and optimizer steps on one rank")
+    res = run_local(_overhead_rank, 1, (cfg,))[0]
+    chains = res["chains"]
+    fwd_task_s, fwd_step_s = fit_intercept([(c["fwd_tasks"], c["fwd_wall"] - c["fwd_kernels"]) for c in chains])
+    bwd_task_s, bwd_step_s = fit_intercept([(c["bwd_tasks"], c["bwd_wall"] - c["bwd_kernels"]) for c in chains])
+    unfused_s, _ = fit_intercept([(c["bwd_tasks"], c["unfused_bwd_wall"] - c["bwd_kernels"]) for c in chains])
+    fwd_phase_s, _ = fit_intercept([(c["fwd_tasks"], c["fwd_phase"] - c["fwd_kernels"]) for c in chains])
+    bwd_phase_s, _ = fit_intercept([(c["bwd_tasks"], c["bwd_phase"] - c["bwd_kernels"]) for c in chains])
+    details["overhead_chains"] = chains
+    details.update(fwd_step_s=fwd_step_s, bwd_step_s=bwd_step_s, bwd_task_unfused_s=unfused_s,
+                   fwd_task_phase_only_s=fwd_phase_s, bwd_task_phase_only_s=bwd_phase_s)
+    optimizer = []
+    for name, samples in sorted(res["optimizer"].items()):
+        per_tensor, per_byte = fit_optimizer(samples)
+        optimizer.append((name, per_tensor, per_byte))
+    details["optimizer_samples"] = {name: [list(s) for s in samples] for name, samples in res["optimizer"].items()}
+
+    # 4.
+    if world >= 2:
+        say("exchange overhead on 2 ranks (chains on alternating ranks)")
+        per_rank = run_local(_exchange_rank, 2, (cfg,))
+        per_call = []
+        for rank_rows in per_rank:
+            for row in rank_rows:
+                per_call.append(statistics.median((span - inside) / calls for calls, span, inside in row["steps"]
+                                                  if calls))
+        exchange_s = max(0.0, statistics.fmean(per_call))
+        details["exchange_per_call_s"] = per_call
+    else:
+        exchange_s = fallback.exchange_s
+        not_measured.append("exchange_s")
+    if not_measured:
+        details["not_measured"] = not_measured
+    details["seconds"] = time.perf_counter() - t_all
+    return RuntimeCalibration(product=product, backend=BACKEND, world=world, fwd_task_s=fwd_task_s,
+                              bwd_task_s=bwd_task_s, exchange_s=exchange_s, p2p=p2p, allreduce=tuple(allreduce),
+                              optimizer=tuple(optimizer), comm_uses_cores=(os.cpu_count() or 1) < 2 * world,
+                              source="measured", details=tuple(sorted(details.items())))
+
+
+def summary(cal: RuntimeCalibration) -> dict[str, Any]:
+    """The numbers `autopar profile` prints: p2p at 4 B and 1 MiB, all-reduce at 1 MiB among all
+    ranks, the overheads (microseconds) and the optimizer coefficients."""
+    us = 1e6
+    return {"world": cal.world, "source": cal.source,
+            "p2p_4B_us": cal.p2p(4) * us, "p2p_1MiB_us": cal.p2p(1 << 20) * us,
+            "allreduce_1MiB_us": cal.allreduce_time(1 << 20, cal.world) * us,
+            "fwd_task_us": cal.fwd_task_s * us, "bwd_task_us": cal.bwd_task_s * us, "exchange_us": cal.exchange_s * us,
+            "optimizer": {name: {"tensor_us": t * us, "MiB_us": b * (1 << 20) * us}
+                          for name, t, b in cal.optimizer},
+            "date": dict(cal.details).get("date")}
+
+
+def summary_line(cal: RuntimeCalibration) -> str:
+    """One line of `summary` for people."""
+    s = summary(cal)
+    opt = ", ".join(f"{name} {t * 1e6:.0f} us/tensor + {b * (1 << 20) * 1e6:.0f} us/MiB"
+                    for name, t, b in cal.optimizer)
+    return (f"p2p {s['p2p_4B_us']:.0f} us at 4 B, {s['p2p_1MiB_us']:.0f} us at 1 MiB; all-reduce "
+            f"{s['allreduce_1MiB_us']:.0f} us at 1 MiB ({max(2, cal.world)} ranks); overheads fwd "
+            f"{s['fwd_task_us']:.0f} us, bwd {s['bwd_task_us']:.0f} us per task, exchange {s['exchange_us']:.0f} us; "
+            f"optimizer {opt}")
