@@ -5,7 +5,9 @@
 
 The number a user watches is simulated against measured step time; this benchmark measures how
 far apart they are, and whether the simulator orders strategies as the machine does (FlexFlow
-sec. 8.3 asks for the order to be kept).  For each model — three zoo models and a user's own
+sec. 8.3 asks for the order to be kept).  First the trainer's costs beyond op kernels are calibrated on the 2 ranks (`trainer.calibrate`:
+overheads, point-to-point and all-reduce times under load, the optimizer), as `autopar profile
+--topology local:2` does.  Then, for each model — three zoo models and a user's own
 (``examples/models/tagger.py``, loaded as ``tagger:tagger``, the way a user names theirs):
 
 1. its op costs are measured on this machine into a private profile cache (`autopar profile`);
@@ -235,7 +237,8 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
                        models: tuple[tuple[str, dict[str, Any]], ...] = MODELS, **overrides: Any) -> dict[str, Any]:
     """Every model's rows and the totals; the returned dict is the JSON of the benchmark.
     `overrides` replace settings (``warmup``, ``steps``, ``search_budget_s``, ``random_plans``, and
-    ``profile_cache``: a cache file to measure into and keep, instead of a private temporary one)."""
+    ``profile_cache``: a cache file to measure into and keep, instead of a private temporary one,
+    whose runtime calibration is used when it has one unless ``recalibrate`` is true)."""
     from autopar.planner.cost import CostModel, ProfileCache, profile_local
     from autopar.planner.hardware import get_preset
     from autopar.planner.ir import import_spec
@@ -254,6 +257,14 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
     t_all = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="autopar-accuracy-") as tmp:
         cache = ProfileCache.load(Path(cfg.get("profile_cache") or Path(tmp) / "profile.json"))
+        product = topology.devices[0].product
+        calibration = cache.calibration(product, "gloo", WORLD)
+        if calibration is None or cfg.get("recalibrate"):
+            from .calibrate import calibrate, summary_line
+            t0 = time.perf_counter()
+            calibration = calibrate(WORLD, quick=quick)
+            cache.put_calibration(calibration)
+            log(f"calibrated the runtime in {time.perf_counter() - t0:.0f} s: {summary_line(calibration)}")
         for model, options in models:
             log(f"{model} {options}")
             spec = with_dtype(load_model(model, **options), None)
@@ -282,7 +293,9 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
                 rows.append(row)
                 log(f"  {name:15s} simulated {sim_s * 1e3:8.2f} ms  measured {med * 1e3:8.2f} ms "
                     f"(cv {100 * cv:4.1f} %)  error {100 * row['error']:+6.1f} %   {row['off']}")
+    from .calibrate import summary
     doc = {"world_size": WORLD, "backend": "gloo", "threads_per_rank": 1, "quick": quick,
+           "calibration": summary(calibration),
            "warmup_steps": cfg["warmup"], "measured_steps": cfg["steps"], "search_budget_s": cfg["search_budget_s"],
            "models": [{"model": m, "options": o} for m, o in models], "rows": rows, **totals(rows),
            "wall_seconds": time.perf_counter() - t_all}

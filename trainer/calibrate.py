@@ -391,12 +391,24 @@ def _overhead_rank(rank: int, world: int, cfg: Settings) -> dict:
                 row[f"{tag}fwd_phase"] = statistics.median(p["fwd"] for p in phases)
                 row[f"{tag}bwd_phase"] = statistics.median(p["bwd"] for p in phases)
             rows.append(row)
-    return {"chains": rows, "optimizer": _optimizer_samples(cfg)}
+    return {"chains": rows}
 
 
-def _optimizer_samples(cfg: Settings) -> dict[str, list[tuple[int, float, float]]]:
+def _optimizer_rank(rank: int, world: int, cfg: Settings) -> dict[str, list[tuple[int, float, float]]]:
+    """One rank's optimizer samples, every rank stepping at once (`_optimizer_samples`)."""
+    return _optimizer_samples(cfg, world)
+
+
+def _optimizer_samples(cfg: Settings, world: int = 1) -> dict[str, list[tuple[int, float, float]]]:
+    """(tensors, bytes, median seconds) of ``optimizer.step()`` per optimizer and case, as a step
+    runs it: every rank stepping its own tensors at the same moment (a barrier before each
+    repetition) and the core's caches evicted first (the backward pass has just passed over
+    everything else)."""
+    from autopar.planner.cost import cache_evictor
+
     from .optim import OptimizerConfig
 
+    evict = cache_evictor(torch.device("cpu"))
     out: dict[str, list[tuple[int, float, float]]] = {}
     gen = torch.Generator().manual_seed(0)
     for name in ("sgd", "adam"):
@@ -411,6 +423,9 @@ def _optimizer_samples(cfg: Settings) -> dict[str, list[tuple[int, float, float]
             opt.step()
             times = []
             for _ in range(cfg.optimizer_repeats):
+                evict()
+                if world > 1:
+                    dist.barrier()
                 t0 = time.perf_counter()
                 opt.step()
                 times.append(time.perf_counter() - t0)
@@ -508,8 +523,13 @@ def calibrate(world: int, *, quick: bool = False, progress: Callable[[str], None
         not_measured += ["p2p", "allreduce"]
 
     # 3. and 5.
-    say("per-op overheads of the runtime and optimizer steps on one rank")
+    say("per-op overheads of the runtime on one rank")
     res = run_local(_overhead_rank, 1, (cfg,))[0]
+    say(f"optimizer steps on {world} rank(s) at once")
+    per_rank = run_local(_optimizer_rank, world, (cfg,))
+    res["optimizer"] = {name: [(t, b, statistics.median(r[name][k][2] for r in per_rank))
+                               for k, (t, b, _) in enumerate(samples)]
+                        for name, samples in per_rank[0].items()}
     chains = res["chains"]
     fwd_task_s, fwd_step_s = fit_intercept([(c["fwd_tasks"], c["fwd_wall"] - c["fwd_kernels"]) for c in chains])
     bwd_task_s, bwd_step_s = fit_intercept([(c["bwd_tasks"], c["bwd_wall"] - c["bwd_kernels"]) for c in chains])

@@ -69,7 +69,8 @@ class TrainConfig:
     log: bool = True
     profile_cache: str | None = None
     trace: str | None = None             # write the traced steps as Chrome trace-event JSON here
-    trace_steps: int = 2                 # how many steps to trace, after the first (warm-up) step
+    trace_steps: int = 2                 # how many steps to trace
+    trace_from: int = 2                  # the first traced step (1-based); step 1 is the warm-up
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -249,10 +250,14 @@ _NO_TRACE = nullcontext()
 
 
 def _tracer(cfg: TrainConfig, start: int, device_kind: str) -> StepTracer | None:
-    """The tracer of `--trace`: the steps after the first of this run (its warm-up), when any."""
+    """The tracer of `--trace`: `trace_steps` steps from step `trace_from` on, never the first of
+    this run (its warm-up) when there are others."""
     if cfg.trace is None:
         return None
-    first = start + 1 if cfg.steps - start > 1 else start
+    first = max(cfg.trace_from - 1, start + 1 if cfg.steps - start > 1 else start)
+    if first >= cfg.steps:
+        raise TrainerConfigError(f"--trace-from {cfg.trace_from}: the run ends at step {cfg.steps}; "
+                                 f"trace an earlier step or train longer")
     return StepTracer(first, min(cfg.trace_steps, cfg.steps - first), device_kind)
 
 
@@ -373,5 +378,7 @@ def add_train_args(p) -> None:
     p.add_argument("--trace", metavar="FILE.json",
                    help="profile steps on every rank (torch.profiler) and write them as one Chrome trace-event "
                         "file (ui.perfetto.dev); traced steps are left out of the measured median")
-    p.add_argument("--trace-steps", type=int, default=2, metavar="N",
-                   help="how many steps --trace profiles, after the first (warm-up) step")
+    p.add_argument("--trace-steps", type=int, default=2, metavar="N", help="how many steps --trace profiles")
+    p.add_argument("--trace-from", type=int, default=2, metavar="STEP",
+                   help="the first step --trace profiles (1-based; later steps show the steady state, "
+                        "the first few still fault in memory)")

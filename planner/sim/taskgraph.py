@@ -115,6 +115,15 @@ class TaskGraphBuilder:
         if self.runtime is not None:
             self._requires_grad = trainer_model.requires_grad(graph)
             self._held: dict = {}  # (parameter, its users' configurations) -> holdings
+            self._delays: dict = {}  # message key -> its latency's virtual resource
+
+    def _delay_resource(self, key: tuple) -> int:
+        """A virtual resource of its own for the latency of the message keyed `key` (the same
+        for the same key for the builder's life, so every build names it alike)."""
+        r = self._delays.get(key)
+        if r is None:
+            r = self._delays[key] = trainer_model.DELAY_BASE + len(self._delays)
+        return r
 
     # -- memoized, placement-free pieces -----------------------------------------------------
     def _task_ranges(self, op: Op, degrees: tuple[int, ...]) -> list[dict]:

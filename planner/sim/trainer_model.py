@@ -27,8 +27,9 @@ What the trainer does, and how it is modelled:
   backward pass, and lasts the calibrated all-reduce time for its bytes and group size, on the
   ring's links — and on the ranks' devices too when communication runs on their cores
   (``comm_uses_cores``).  At the end each rank waits for its buckets (`S`) and runs its optimizer
-  step over all its shards (`O`): the cost model's update time per parameter plus the calibrated
-  per-tensor overhead.
+  step over all its shards (`O`): the calibrated optimizer time for its tensors and bytes (the
+  cost model's update time where the calibration has none).  Before its first op, each rank
+  zeroes its bucket buffers (`zero_grad`, memory bandwidth).
 
 Groups, as `planner.sim._plans` builds them, stay pure functions of configurations so delta
 simulation edits them like FlexFlow's: the static chain of barriers (never changes), one group
@@ -47,8 +48,10 @@ from ._layout import MAX_PARTS
 from ._plans import _MIN_TRANSFER_BYTES, _VIRTUAL_RESOURCE_BASE, MIN_TASK_SECONDS, _prod
 from .buckets import plan_buckets
 
-#: Chain barriers of device d run on virtual resource ``_CHAIN_BASE + d`` (never a device or link).
+#: Chain barriers of device d run on virtual resource ``_CHAIN_BASE + d`` (never a device or link);
+#: message latencies each on one from ``DELAY_BASE`` on (`TaskGraphBuilder._delay_resource`).
 _CHAIN_BASE = _VIRTUAL_RESOURCE_BASE + (1 << 36)
+DELAY_BASE = _VIRTUAL_RESOURCE_BASE + (2 << 36)
 _FLOAT = ("float64", "float32", "float16", "bfloat16")
 
 
@@ -104,6 +107,10 @@ def grads_out(n: int, i: int, d: int) -> tuple:
 
 def grads_in(n: int, i: int, d: int) -> tuple:
     return (1, n - i, 2, d, 1)
+
+
+def zero_grad(d: int) -> tuple:
+    return (-1, 0, d)
 
 
 def sync_wait(d: int) -> tuple:
@@ -193,21 +200,35 @@ def op_plan(b, i: int, op, cfg) -> tuple:
     return tasks, edges, tuple(keys)
 
 
-def _message(key: tuple, route: tuple, seconds: float, nbytes: float) -> list[tuple]:
-    """The task(s) of one message over `route` (`planner.sim._plans.route_columns`), `seconds`
-    long on every link."""
+def _message(b, key: tuple, route: tuple, rt: RuntimeCalibration, nbytes: float) -> tuple[list, list, tuple, tuple]:
+    """One message of `nbytes` over `route` (`planner.sim._plans.route_columns`): (tasks, edges,
+    first key, last key).
+
+    A message is its latency, then its bytes.  The latency — the calibrated point-to-point time
+    of an empty message plus the exchange's overhead — is a delay on a virtual resource of its
+    own, so the messages of one exchange wait for it side by side, as the trainer's one
+    ``batch_isend_irecv`` per op waits once; the bytes then occupy every link of the route for
+    the rest of the calibrated time, queueing there behind other traffic."""
     _, res, _, labels, _ = route
-    out = []
+    latency = rt.p2p(0.0) + rt.exchange_s
+    wire = max(rt.p2p(nbytes) - rt.p2p(0.0), MIN_TASK_SECONDS)
+    delay = key + (-1,)
+    tasks = [(delay, b._delay_resource(delay), latency, "comm", 0.0, labels[0] if labels else "")]
+    edges = []
+    prev = delay
     for c, lo in enumerate(range(0, len(res), MAX_PARTS)):
         hi = min(lo + MAX_PARTS, len(res))
         label = labels[lo].split("->")[0] + "->" + labels[hi - 1].split("->")[-1]
         part = res[lo:hi]
         nb = nbytes if c == 0 else 0.0
+        k = key + (c,)
         if len(part) == 1:
-            out.append((key + (c,), part[0], seconds, "comm", nb, label))
+            tasks.append((k, part[0], wire, "comm", nb, label))
         else:
-            out.append((key + (c,), part, (seconds,) * len(part), "comm", nb, label))
-    return out
+            tasks.append((k, part, (wire,) * len(part), "comm", nb, label))
+        edges.append((prev, k) if c == 0 else (delay, k))
+    last = tuple(t[0] for t in tasks[1:])
+    return tasks, edges, delay, last
 
 
 def edge_plan(b, i: int, op, j: int, ccfg, pcfg) -> tuple:
@@ -235,22 +256,20 @@ def edge_plan(b, i: int, op, j: int, ccfg, pcfg) -> tuple:
         nbytes = max(float(sum(map(volume, boxes)) * itemsize), _MIN_TRANSFER_BYTES)
         dst = sorted({ct for cts in boxes.values() for ct in cts})
         sd = pdev[pt]
-        seconds = rt.p2p(nbytes) + rt.exchange_s
-        fwd = _message((0, i, 1, j, pt, dd), b._route(sd, dd), seconds, nbytes)
-        tasks += fwd
-        for t in fwd:
-            k = t[0]
-            keys.append(k)
-            edges += [((0, p, 0, pt), k), (arrive(i, sd), k), (arrive(i, dd), k), (k, inputs_in(i, dd))]
+        mt, me, first, last = _message(b, (0, i, 1, j, pt, dd), b._route(sd, dd), rt, nbytes)
+        tasks += mt
+        edges += me
+        keys += [t[0] for t in mt]
+        edges += [((0, p, 0, pt), first), (arrive(i, sd), first), (arrive(i, dd), first)]
+        edges += [(k, inputs_in(i, dd)) for k in last]
         if grads:
-            bwd = _message((1, n - i, 1, j, pt, dd), b._route(dd, sd), seconds, nbytes)
-            tasks += bwd
-            for t in bwd:
-                k = t[0]
-                keys.append(k)
-                edges += [((1, n - i, 0, c), k) for c in dst]
-                edges += [(grads_out(n, i, dd), k), (grads_out(n, i, sd), k), (k, grads_in(n, i, sd)),
-                          (k, (1, n - p, 0, pt))]
+            mt, me, first, last = _message(b, (1, n - i, 1, j, pt, dd), b._route(dd, sd), rt, nbytes)
+            tasks += mt
+            edges += me
+            keys += [t[0] for t in mt]
+            edges += [((1, n - i, 0, c), first) for c in dst]
+            edges += [(grads_out(n, i, dd), first), (grads_out(n, i, sd), first)]
+            edges += [(k, grads_in(n, i, sd)) for k in last] + [(k, (1, n - p, 0, pt)) for k in last]
     return tasks, edges, tuple(keys)
 
 
@@ -260,7 +279,10 @@ def sync_plan(b, holdings: dict) -> tuple:
     rt: RuntimeCalibration = b.runtime
     n, g = b.num_ops, b.graph
     tasks, edges, keys = [], [], []
+    zeroed = [0.0] * b.num_devices   # bytes of bucket buffers each rank zeroes as the step starts
     for k, bucket in enumerate(plan_buckets(g, holdings, b.bucket_bytes)):
+        for d in bucket.devices:
+            zeroed[d] += bucket.nbytes
         devs = bucket.devices
         r = len(devs)
         seconds = rt.allreduce_time(bucket.nbytes, r)
@@ -297,9 +319,11 @@ def sync_plan(b, holdings: dict) -> tuple:
             analytic += update_time(shard, devices[d], b.optimizer)
         measured = rt.optimizer_time(b.optimizer, tensors, nbytes) if tensors else 0.0
         seconds = measured if measured is not None else analytic
+        z = zero_grad(d)
+        tasks.append((z, d, max(zeroed[d] / devices[d].mem_bandwidth, MIN_TASK_SECONDS), "overhead", 0.0, "zero grad"))
         tasks.append((w, _CHAIN_BASE + d, MIN_TASK_SECONDS, "barrier", 0.0, "sync"))
         tasks.append((o, d, max(seconds, MIN_TASK_SECONDS), "update", 0.0, "optimizer step"))
-        keys += (w, o)
-        edges += [(back_arrive(n, -1, d), w), (w, o)]
+        keys += (z, w, o)
+        edges += [(z, arrive(0, d)), (back_arrive(n, -1, d), w), (w, o)]
     return tasks, edges, tuple(keys)
 
