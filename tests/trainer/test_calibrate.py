@@ -37,6 +37,10 @@ def test_a_quick_calibration_of_two_ranks_is_complete_and_round_trips(tmp_path):
     details = dict(cal.details)
     assert details["quick"] is True and details["sizes"] == list(QUICK_SIZES) and "torch" in details
     assert _monotone_positive([tuple(p) for p in details["p2p_median"]])
+    # The latency is fitted so the simulator predicts the in-situ workload's measured step.
+    fit = details["in_situ"]
+    assert fit["latency_s"] == cal.p2p.points[0][1] > 0
+    assert fit["predicted_at_fit_s"] == pytest.approx(fit["measured_step_s"], rel=1e-6)
 
     path = tmp_path / "profile.json"
     cache = ProfileCache(path=path)

@@ -301,3 +301,16 @@ def test_a_failing_worker_stops_a_concurrent_run():
 def test_concurrent_profiling_is_for_the_cpu():
     with pytest.raises(CostModelError, match="concurrent"):
         profile_local(["lenet"], workers=2, device=torch.device("meta"), concurrent=True, cache=ProfileCache())
+
+
+def test_results_are_kept_so_each_call_writes_to_memory_the_last_did_not_use():
+    from autopar.planner.cost.profiler import _Retained
+    kept = _Retained(max_bytes=3 * 4096, min_items=2)
+    tensors = [torch.zeros(1024) for _ in range(6)]      # 4 KiB each
+    for t in tensors:
+        kept.add([t])
+    assert [x[0] for x in kept._items] == tensors[-3:]   # the newest, up to max_bytes
+    big = _Retained(max_bytes=1, min_items=2)
+    for t in tensors:
+        big.add([t])
+    assert len(big._items) == 2                           # never fewer than min_items
