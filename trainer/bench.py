@@ -126,12 +126,16 @@ def _job(spec, graph, strategy) -> Job:
 
 
 def _measured_cost(model: str, options: dict, graph, repeats: int):
-    """A cost model with this machine's measured op times for ``local:2`` (FlexFlow sec. 5.1 measures
-    each op once per configuration), kept in a private cache so the benchmark has no side effects."""
+    """A cost model with this machine's measured op times and runtime calibration for ``local:2``
+    (FlexFlow sec. 5.1 measures each op once per configuration), kept in a private cache so the
+    benchmark has no side effects."""
     from autopar.planner.cost import CostModel, ProfileCache, profile_local
+
+    from .calibrate import calibrate
     with tempfile.TemporaryDirectory(prefix="autopar-bench-") as d:
         cache = ProfileCache.load(Path(d) / "profile.json")
-        report = profile_local([model], workers=2, options=options, cache=cache, repeats=repeats, warmup=2)
+        report = profile_local([model], workers=2, options=options, cache=cache, repeats=repeats, warmup=5)
+        cache.put_calibration(calibrate(2, quick=repeats < 5))   # what `autopar profile --topology local:2` adds
     return CostModel(cache).bind(graph), report
 
 
