@@ -5,6 +5,8 @@
     autopar plan --model nmt --topology p100-4x4 --budget 60 --out plan.yaml
     autopar train --model lenet --strategy plan.yaml --nproc 2 --steps 20
     autopar profile --model lenet --topology local:2            # measure op times into the cache
+    autopar run examples/quickstart.yaml --local                # the whole job: profile, plan, train, report
+    autopar crd                                                 # the ParallelTrainingJob CRD (YAML)
     autopar bench simulator --json                              # full vs delta simulation
     autopar models | autopar topologies                         # what can be named
 
@@ -31,6 +33,36 @@ def _build_parser() -> argparse.ArgumentParser:
                     "(FlexFlow's SOAP search with an execution simulator), and train with it.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    r = sub.add_parser("run", help="run a ParallelTrainingJob manifest: profile, plan, train, report",
+                       description="Run the job of a ParallelTrainingJob manifest (the file you would kubectl "
+                                   "apply). With --local, on this machine: its devices become worker processes "
+                                   "(local:N, N = nodes x gpusPerNode), what the plans need is profiled into the "
+                                   "profile cache, the plan is found with the job's planner settings and trained "
+                                   "for the job's steps with checkpoints. Writes a run directory (plan file, "
+                                   "picture, simulated and measured traces, metrics, report.json) and prints the "
+                                   "plan against data parallelism, the measured step time and the prediction "
+                                   "error. Ctrl-C stops after the current step and leaves a checkpoint.")
+    r.add_argument("job", metavar="JOB.yaml", help="the ParallelTrainingJob manifest (examples/quickstart.yaml)")
+    r.add_argument("--local", action="store_true", help="run here, without a cluster (required for now)")
+    r.add_argument("--compare", action="store_true",
+                   help="also train data parallelism for the same steps, to measure the real speedup")
+    r.add_argument("--run-dir", metavar="DIR", help="where the run's files go (default autopar-runs/<job>-<time>)")
+    r.add_argument("--profile-cache", metavar="FILE", default=None,
+                   help="measured op times and calibration (default: $AUTOPAR_CACHE_DIR or "
+                        "~/.cache/autopar/profile.json)")
+    r.add_argument("--no-profile", action="store_true",
+                   help="plan with what the profile cache holds (ops not in it are estimated analytically)")
+    r.add_argument("--recalibrate", action="store_true", help="measure the runtime calibration of local:N again")
+    r.add_argument("--metrics-port", type=int, metavar="P", help="serve the trainer's Prometheus metrics on P")
+    r.add_argument("--json", action="store_true", help="the report as JSON on stdout (progress stays on stderr)")
+    r.set_defaults(func=_cmd_run)
+
+    c = sub.add_parser("crd", help="print the ParallelTrainingJob CustomResourceDefinition (YAML)",
+                       description="Print the CRD generated from the job spec models (autopar.job.spec); "
+                                   "crds/paralleltrainingjobs.autopar.dev.yaml is this output.")
+    c.add_argument("--json", action="store_true", help="JSON instead of YAML")
+    c.set_defaults(func=_cmd_crd)
 
     s = sub.add_parser("simulate", help="simulate strategies of a model on a topology and compare them",
                        description="Simulate one training step (forward, backward, parameter synchronization, "
@@ -68,7 +100,7 @@ def _build_parser() -> argparse.ArgumentParser:
     add_model_args(tr, topology=False)
     from autopar.trainer import add_train_args
     add_train_args(tr)
-    tr.set_defaults(func=_cmd_train)
+    tr.set_defaults(func=_cmd_train, graceful_stop=True)
 
     pr = sub.add_parser("profile", help="measure op times on this machine into the profile cache",
                         description="Run every distinct task of MODEL that a strategy on TOPOLOGY (a local:N "
@@ -119,6 +151,31 @@ def _build_parser() -> argparse.ArgumentParser:
 
 def _bench_choices() -> list[str]:
     return ["simulator", "search", "runtime", "accuracy"]
+
+
+def _cmd_run(args) -> int:
+    from autopar.job.local import format_report, run_job
+    from ._common import emit_json
+    if not args.local:
+        raise AutoparError(f"autopar run {args.job}: add --local to run the job on this machine; on a cluster, "
+                           f"`kubectl apply -f {args.job}` with the autopar operator installed")
+    doc, status = run_job(args.job, run_dir=args.run_dir, compare=args.compare, profile_cache=args.profile_cache,
+                          recalibrate=args.recalibrate, profile=not args.no_profile, metrics_port=args.metrics_port)
+    if args.json:
+        emit_json(doc)
+    else:
+        print(format_report(doc))
+    return status
+
+
+def _cmd_crd(args) -> int:
+    from autopar.job import crd, crd_yaml
+    from ._common import emit_json
+    if args.json:
+        emit_json(crd())
+    else:
+        sys.stdout.write(crd_yaml())
+    return 0
 
 
 def _cmd_simulate(args) -> int:

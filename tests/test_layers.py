@@ -1,12 +1,12 @@
 """The architecture of docs/architecture.md, checked on the import statements of the source.
 
-* Layers: the planner imports neither the trainer nor the operator; the trainer does not import
-  the operator; nothing outside the operator talks to Kubernetes.
+* Layers: planner → trainer → job → operator, each importing only those before it; nothing
+  outside the operator talks to Kubernetes (the job's spec and pipeline serve both drivers).
 * No import circle anywhere in autopar, counting imports inside functions (a lazy import that
   closes a circle is still a circle).
 * Inside the planner, the parts depend in one order (`PLANNER_ORDER`), and no part reaches into
   another part's ``_private`` modules.
-* The trainer, the CLI and the operator use the planner through its public surfaces: a
+* The trainer, the job, the CLI and the operator use the planner through its public surfaces: a
   subpackage's ``__all__`` or a public top-level module, never a module inside a subpackage.
 """
 
@@ -21,10 +21,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {"autopar": "autopar", "planner": "autopar.planner", "trainer": "autopar.trainer",
-            "operator": "autopar.operator"}
+            "job": "autopar.job", "operator": "autopar.operator"}
 FORBIDDEN = {
-    "planner": ("autopar.trainer", "autopar.operator", "kopf", "kubernetes", "kmock"),
-    "trainer": ("autopar.operator", "kopf", "kubernetes", "kmock"),
+    "planner": ("autopar.trainer", "autopar.job", "autopar.operator", "kopf", "kubernetes", "kmock"),
+    "trainer": ("autopar.job", "autopar.operator", "kopf", "kubernetes", "kmock"),
+    # The job's spec and pipeline are shared by the local driver and the operator: no kopf here.
+    "job": ("autopar.operator", "autopar.cli", "kopf", "kubernetes", "kmock"),
 }
 #: The planner's parts, lowest first: each may import only the parts before it.
 PLANNER_ORDER = ("errors", "fileio", "ir", "hardware", "zoo", "cost", "sim", "search", "plan_file", "plot")
@@ -152,7 +154,7 @@ def test_other_layers_use_the_planner_surfaces():
                    and m.startswith("autopar.planner.")}
     public = {f"autopar.planner.{m}" for m in PLANNER_PUBLIC_MODULES}
     bad = []
-    for top in ("autopar", "trainer", "operator"):
+    for top in ("autopar", "trainer", "job", "operator"):
         for path in sorted((ROOT / top).rglob("*.py")):
             for line, mod, names in _imports(path):
                 if not mod.startswith("autopar.planner"):

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
+import signal
 import socket
 import tempfile
 import time
@@ -44,6 +45,8 @@ from .errors import RankFailedError, TrainerConfigError
 
 #: Seconds the surviving ranks get to exit on their own once one rank has failed.
 GRACE_SECONDS = 10.0
+#: Seconds ranks that handle Ctrl-C get to finish their step and checkpoint before they are killed.
+STOP_SECONDS = 120.0
 DEFAULT_TIMEOUT = 300.0
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
@@ -146,7 +149,7 @@ def _worker(rank: int, fn: Callable, world: int, port: int, backend: str, timeou
 
 def run_local(fn: Callable, nproc: int, args: Sequence[Any] = (), *, backend: str = "gloo",
               timeout: float = DEFAULT_TIMEOUT, start_method: str | None = None,
-              grace: float = GRACE_SECONDS) -> list[Any]:
+              grace: float = GRACE_SECONDS, graceful: bool = False) -> list[Any]:
     """Run ``fn(rank, world, *args)`` on `nproc` local ranks; return every rank's result in rank order.
 
     `fn` and `args` are pickled to the ranks (``forkserver`` for gloo, ``spawn`` for NCCL; see the
@@ -164,8 +167,11 @@ def run_local(fn: Callable, nproc: int, args: Sequence[Any] = (), *, backend: st
         for p in procs:
             p.start()
         failed_at = None
+        interrupted_at = None
         try:
             while True:
+                if interrupted_at is not None and time.monotonic() - interrupted_at > STOP_SECONDS:
+                    raise KeyboardInterrupt
                 alive = [p for p in procs if p.exitcode is None]
                 bad = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
                 if bad and failed_at is None:
@@ -181,7 +187,17 @@ def run_local(fn: Callable, nproc: int, args: Sequence[Any] = (), *, backend: st
                             p.kill()
                             p.join()
                     break
-                alive[0].join(0.05)
+                try:
+                    alive[0].join(0.05)
+                except KeyboardInterrupt:
+                    if not graceful or interrupted_at is not None:
+                        raise
+                    interrupted_at = time.monotonic()
+                    for p in alive:
+                        try:
+                            os.kill(p.pid, signal.SIGINT)
+                        except ProcessLookupError:
+                            pass
         except BaseException:
             for p in procs:
                 if p.exitcode is None:

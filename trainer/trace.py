@@ -61,11 +61,13 @@ class StepTracer:
         if self.device_kind == "cuda":  # pragma: no cover - needs a GPU
             activities.append(ProfilerActivity.CUDA)
         self._prof = profile(activities=activities)
-        self._prof.__enter__()
+        with _quiet_stderr(self.device_kind):
+            self._prof.__enter__()
 
     def _stop(self) -> None:
         prof, self._prof = self._prof, None
-        prof.__exit__(None, None, None)
+        with _quiet_stderr(self.device_kind):
+            prof.__exit__(None, None, None)
         fd, path = tempfile.mkstemp(prefix="autopar-trace-", suffix=".json")
         os.close(fd)
         try:
@@ -83,6 +85,33 @@ class StepTracer:
                 for e in self.events:
                     if "ts" in e:
                         e["ts"] = e["ts"] + shift
+
+
+class _quiet_stderr:
+    """Silence the C++ profiler's start/stop lines on a CPU run ("USDT: ... profiler_start", and
+    with PyTorch's CUDA build on a machine without a GPU "ERROR: ... gpuGetDeviceCount failed"),
+    which libkineto writes to file descriptor 2 whatever its log level; they would land in the
+    middle of the training progress.  On a GPU its messages are kept."""
+
+    def __init__(self, device_kind: str):
+        self.active = device_kind != "cuda"
+        self._saved: int | None = None
+
+    def __enter__(self):
+        if self.active:
+            import sys
+            sys.stderr.flush()
+            self._saved = os.dup(2)
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, 2)
+            os.close(devnull)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._saved is not None:
+            os.dup2(self._saved, 2)
+            os.close(self._saved)
+            self._saved = None
 
 
 class _TracedStep:

@@ -71,6 +71,9 @@ class TrainConfig:
     trace: str | None = None             # write the traced steps as Chrome trace-event JSON here
     trace_steps: int = 2                 # how many steps to trace
     trace_from: int = 2                  # the first traced step (1-based); step 1 is the warm-up
+    checkpoint_final: bool = False       # also checkpoint after the last step (with checkpoint_dir)
+    graceful_stop: bool = False          # Ctrl-C: finish the step, checkpoint, stop (one all-reduce per step)
+    progress: bool = False               # rank 0 draws a progress bar on stderr instead of a line per step
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -202,6 +205,9 @@ def rank_main(rank: int, world: int, job: Job, device_kind: str = "cpu") -> dict
     tracer = _tracer(cfg, start, device_kind)
     saved = []
     batch = job.graph.batch_size
+    stop = _StopRequest(trainer.world_group) if cfg.graceful_stop else None
+    bar = _ProgressBar(cfg.steps, start) if cfg.progress and rank == 0 else None
+    stopped_at = None
     try:
         for step in range(start, cfg.steps):
             _maybe_fault(rank, step)
@@ -214,7 +220,9 @@ def rank_main(rank: int, world: int, job: Job, device_kind: str = "cpu") -> dict
             loss = trainer.global_loss(local)
             if metrics is not None:
                 metrics.record(seconds, loss, batch, traced=traced)
-                if cfg.log:
+                if bar is not None:
+                    bar.advance(loss, seconds)
+                elif cfg.log:
                     print(f"step {step + 1}/{cfg.steps}  loss {loss:.6f}  {seconds * 1e3:.1f} ms  "
                           f"{batch / seconds:.1f} samples/s" + ("  (traced)" if traced else ""),
                           file=sys.stderr, flush=True)
@@ -222,6 +230,22 @@ def rank_main(rank: int, world: int, job: Job, device_kind: str = "cpu") -> dict
                 path = trainer.save(cfg.checkpoint_dir)
                 if path:
                     saved.append(path)
+            if stop is not None and step + 1 < cfg.steps and stop.agreed():
+                stopped_at = step + 1
+                if cfg.checkpoint_dir and not (cfg.checkpoint_every and stopped_at % cfg.checkpoint_every == 0):
+                    path = trainer.save(cfg.checkpoint_dir)
+                    if path:
+                        saved.append(path)
+                break
+        else:
+            last = cfg.steps
+            if cfg.checkpoint_final and cfg.checkpoint_dir and last > start and not (
+                    cfg.checkpoint_every and last % cfg.checkpoint_every == 0):
+                path = trainer.save(cfg.checkpoint_dir)
+                if path:
+                    saved.append(path)
+        if bar is not None:
+            bar.close()
         trace_file = _write_trace(cfg, job, tracer, rank, world, trainer.world_group)
         if metrics is None:
             return None
@@ -240,10 +264,65 @@ def rank_main(rank: int, world: int, job: Job, device_kind: str = "cpu") -> dict
             "samples_per_second": batch / med if med else None,
             "final_loss": metrics.losses[-1] if metrics.losses else None,
             "checkpoints": saved, "metrics_port": metrics.port,
+            "stopped_at_step": stopped_at,
         }
     finally:
+        if bar is not None:
+            bar.close()
+        if stop is not None:
+            stop.restore()
         if metrics is not None:
             metrics.close()
+
+
+class _StopRequest:
+    """Ctrl-C in a rank: note it instead of raising, and let all ranks agree to stop after a step.
+
+    Every rank installs the handler; at the end of every step the ranks all-reduce (max) whether
+    any of them was interrupted — the terminal sends SIGINT to every process of its foreground
+    group, and `trainer.launch.run_local` forwards it to its ranks when only the parent got it —
+    so all stop after the same step, with the same state, and rank 0 writes the checkpoint."""
+
+    def __init__(self, group) -> None:
+        import signal
+        self.group, self.flag = group, torch.zeros(1)
+        self._old = signal.signal(signal.SIGINT, self._note)
+
+    def _note(self, signum, frame) -> None:
+        self.flag.fill_(1.0)
+
+    def agreed(self) -> bool:
+        total = self.flag.clone()
+        dist.all_reduce(total, op=dist.ReduceOp.MAX, group=self.group)
+        return bool(total.item())
+
+    def restore(self) -> None:
+        """After the loop a late Ctrl-C (the parent forwards one) must not turn a finished run into
+        a failed one: ignore it from here on when it was ours to handle."""
+        import signal
+        signal.signal(signal.SIGINT, signal.SIG_IGN if self.flag.item() else self._old)
+
+
+class _ProgressBar:
+    """Rank 0's bar of `autopar run`: steps done, loss and the last step time (rich, on stderr)."""
+
+    def __init__(self, steps: int, start: int) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+        self.progress = Progress(TextColumn("training"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.fields[info]}"), TimeRemainingColumn(),
+                                 console=Console(stderr=True), transient=False)
+        self.task = self.progress.add_task("training", total=steps, completed=start, info="")
+        self.progress.start()
+        self.closed = False
+
+    def advance(self, loss: float, seconds: float) -> None:
+        self.progress.update(self.task, advance=1, info=f"loss {loss:.4f}  {seconds * 1e3:.1f} ms/step")
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.progress.stop()
 
 
 _NO_TRACE = nullcontext()
@@ -329,7 +408,8 @@ def train_main(args: Any = None, **overrides: Any) -> dict | None:
         predicted = f"predicted step {job.predicted * 1e3:.1f} ms" if job.predicted else job.predicted_note
         print(f"training {job.graph.name} under {job.strategy.name!r} on {cfg.nproc} rank(s) ({backend}); {predicted}",
               file=sys.stderr, flush=True)
-    return run_local(rank_main, cfg.nproc, (job, kind), backend=backend, timeout=cfg.timeout)[0]
+    return run_local(rank_main, cfg.nproc, (job, kind), backend=backend, timeout=cfg.timeout,
+                     graceful=cfg.graceful_stop)[0]
 
 
 def format_summary(summary: dict) -> str:
@@ -349,6 +429,9 @@ def format_summary(summary: dict) -> str:
                      f"(open in ui.perfetto.dev; `autopar simulate --trace` writes the simulated one)")
     if summary["checkpoints"]:
         lines.append(f"checkpoints: {', '.join(summary['checkpoints'])}")
+    if summary.get("stopped_at_step"):
+        lines.append(f"stopped by Ctrl-C after step {summary['stopped_at_step']}"
+                     + ("; continue with --resume" if summary["checkpoints"] else ""))
     return "\n".join(lines)
 
 

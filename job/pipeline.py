@@ -1,0 +1,333 @@
+"""The steps of a job: validate → describe the topology → profile → plan → train → report.
+
+Each step is a function of explicit inputs, so the two drivers share them: `job.local` calls them
+in one process on this machine's worker processes (`autopar run JOB.yaml --local`); the operator
+calls `validate` when a job arrives, `make_plan` in its planner pod with the topology it
+discovered from node labels, `train_config` for its trainer pods, and `report` for the job's status.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from autopar.planner.errors import AutoparError
+from autopar.planner.hardware import DeviceTopology
+from autopar.planner.ir import OperatorGraph, Strategy
+
+from .spec import JobSpecError, ParallelTrainingJob
+
+
+@dataclass
+class Prepared:
+    """A validated job: its model built on the meta device and imported as an operator graph."""
+
+    job: ParallelTrainingJob
+    base_dir: Path                       # relative paths of the manifest resolve here
+    options: dict[str, Any]              # the model factory's keyword arguments, batch included
+    graph: OperatorGraph
+
+    @property
+    def world(self) -> int:
+        return self.job.spec.devices.count
+
+    def path(self, value: str) -> Path:
+        p = Path(value).expanduser()
+        return p if p.is_absolute() else self.base_dir / p
+
+
+@dataclass
+class PlanOutcome:
+    """The plan a job trains, and what the simulator predicts for it and for data parallelism."""
+
+    strategy: Strategy
+    algorithm: str
+    predicted_step_s: float
+    data_parallel_step_s: float | None
+    search_seconds: float
+    result: Any = None                   # planner.search.PlanResult when the search ran
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def predicted_speedup(self) -> float | None:
+        if not self.data_parallel_step_s or not self.predicted_step_s:
+            return None
+        return self.data_parallel_step_s / self.predicted_step_s
+
+
+# -- validate ------------------------------------------------------------------------------------
+
+def model_options(job: ParallelTrainingJob) -> dict[str, Any]:
+    """The factory's keyword arguments: ``spec.model.options`` plus ``batch`` from ``training.batchSize``."""
+    opts = dict(job.spec.model.options)
+    batch = job.spec.training.batch_size
+    if batch is not None:
+        if "batch" in opts and opts["batch"] != batch:
+            raise JobSpecError(f"spec.training.batchSize is {batch} but spec.model.options.batch is {opts['batch']}; "
+                               "give the batch size once (training.batchSize)")
+        opts["batch"] = batch
+    return opts
+
+
+def validate(job: ParallelTrainingJob, base_dir: str | Path = ".", *, local: bool = True) -> Prepared:
+    """What the schema cannot check: the model exists, takes these options and traces; with `local`,
+    the files the spec names exist.  Raises `JobSpecError` naming the field."""
+    base = Path(base_dir).resolve()
+    spec = job.spec
+    opts = model_options(job)
+    name = spec.model.name
+    if ":" not in name:
+        _check_zoo_options(name, opts)
+    elif local:
+        _make_importable(base)
+    if local:
+        if spec.data.source == "file" and not (base / spec.data.path).expanduser().is_file():
+            raise JobSpecError(f"spec.data.path: {spec.data.path!r} is not a file (relative paths are read from "
+                               f"{base}); give the torch.save'd dict of input and label tensors")
+        ref = spec.planner.plan_ref
+        if spec.planner.algorithm == "pinned" and ref is not None:
+            if ref.path is None:
+                raise JobSpecError("spec.planner.planRef.configMap: a ConfigMap is only read in a cluster; "
+                                   "with --local give planRef.path, the plan file")
+            if not (base / ref.path).expanduser().is_file():
+                raise JobSpecError(f"spec.planner.planRef.path: {ref.path!r} is not a file (relative paths are "
+                                   f"read from {base}); write one with `autopar plan`")
+    graph = _import_graph(name, opts, spec.training.dtype)
+    return Prepared(job, base, opts, graph)
+
+
+def _check_zoo_options(name: str, opts: dict[str, Any]) -> None:
+    from autopar.planner.zoo import list_models, model_options as zoo_options
+    if name not in list_models():
+        raise JobSpecError(f"spec.model.name: unknown model {name!r}; zoo models: {', '.join(list_models())}, "
+                           "or 'package.module:factory' for your own")
+    known = zoo_options(name)
+    for key in opts:
+        if key not in known:
+            field_name = "spec.training.batchSize" if key == "batch" else f"spec.model.options.{key}"
+            raise JobSpecError(f"{field_name}: model {name!r} has no option {key!r}; its options: "
+                               + ", ".join(f"{k} (default {v!r})" for k, v in known.items()))
+
+
+def _make_importable(base: Path) -> None:
+    """A ``package.module:factory`` model is imported relative to the manifest's directory.  It is
+    appended to sys.path, after the standard library and the installed packages (a directory
+    holding e.g. an ``operator`` package must not shadow the standard library's); the worker
+    processes this run starts inherit sys.path (multiprocessing passes it to a fork server or a
+    spawned interpreter), so they import the model the same way."""
+    if str(base) not in sys.path:
+        sys.path.append(str(base))
+
+
+def _import_graph(name: str, opts: dict[str, Any], dtype: str | None) -> OperatorGraph:
+    import torch
+
+    from autopar.planner.ir import import_spec
+    from autopar.planner.zoo import load_model
+    from autopar.trainer.train import with_dtype
+    try:
+        with torch.device("meta"):
+            spec = load_model(name, **opts)
+        return import_spec(with_dtype(spec, dtype))
+    except AutoparError as e:
+        raise JobSpecError(f"spec.model: {e}") from e
+    except TypeError as e:
+        raise JobSpecError(f"spec.model.options: the factory of {name!r} does not take them ({e}); "
+                           "give only the keyword arguments it accepts") from e
+
+
+# -- topology and costs --------------------------------------------------------------------------
+
+def local_topology(prepared: Prepared) -> DeviceTopology:
+    """This machine as a topology: one device per worker process (`local:N`, planner.hardware)."""
+    from autopar.planner.hardware import get_preset
+    return get_preset(f"local:{prepared.world}")
+
+
+def profile(prepared: Prepared, cache, *, recalibrate: bool = False, repeats: int = 5, warmup: int = 5,
+            on_task: Callable[[int, int, str], None] | None = None,
+            on_message: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Measure, on this machine, what the plans of this job need and the cache lacks: op times for
+    every degree choice on the local devices, and the runtime calibration of ``local:N``
+    (skipped when the cache has both).  Returns what was done."""
+    import torch
+
+    from autopar.planner.cost import profile_local
+    t0 = time.perf_counter()
+    report = profile_local([prepared.job.spec.model.name], workers=prepared.world, options=prepared.options,
+                           cache=cache, repeats=repeats, warmup=warmup,
+                           device=torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"),
+                           progress=(lambda _m, i, n, op: on_task(i, n, op)) if on_task else None)
+    calibration = ensure_calibration(cache, prepared.world, recalibrate=recalibrate, progress=on_message)
+    return {"measured": len(report.measured), "cached": report.cached, "skipped": len(report.skipped),
+            "device": report.device_kind, "seconds": round(time.perf_counter() - t0, 1),
+            "calibration": calibration}
+
+
+def ensure_calibration(cache, workers: int, *, recalibrate: bool = False,
+                       progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """The runtime calibration of ``local:<workers>`` (trainer.calibrate): kept when the cache has it,
+    measured (about 20 s) and saved otherwise, or with `recalibrate`."""
+    from autopar.planner.hardware import get_preset
+    from autopar.trainer.calibrate import BACKEND, calibrate, summary, summary_line
+
+    product = get_preset(f"local:{workers}").devices[0].product
+    existing = cache.calibration(product, BACKEND, workers)
+    if existing is not None and not recalibrate:
+        when = dict(existing.details).get("date", "?")
+        return {"status": "kept", "line": f"{summary_line(existing)} (measured {when}; --recalibrate to measure again)",
+                **summary(existing)}
+    t0 = time.perf_counter()
+    cal = calibrate(workers, progress=progress)
+    cache.put_calibration(cal)
+    cache.save()
+    return {"status": "measured", "line": summary_line(cal), **summary(cal),
+            "seconds": round(time.perf_counter() - t0, 1)}
+
+
+# -- plan ----------------------------------------------------------------------------------------
+
+def make_plan(prepared: Prepared, topology: DeviceTopology, cost, *, progress: bool = False,
+              plan_text: str | None = None) -> PlanOutcome:
+    """The plan of ``spec.planner``: the search (`auto`, `mcmc`), OptCNN, a named baseline, or the
+    pinned plan file (`plan_text`, or ``planRef.path``), simulated beside data parallelism."""
+    from autopar.planner.search import named_strategy, plan
+    from autopar.planner.sim import TaskGraphBuilder, simulate_strategy
+
+    settings = prepared.job.spec.planner
+    optimizer = prepared.job.spec.training.optimizer
+    graph = prepared.graph
+    t0 = time.perf_counter()
+    if settings.algorithm in ("auto", "mcmc"):
+        result = plan(graph, topology, cost, budget_s=settings.budget_seconds, seed=settings.seed,
+                      max_proposals=settings.max_proposals, use_optcnn=settings.algorithm == "auto",
+                      progress=progress)
+        dp = result.candidates.get("data-parallel")
+        notes = [result.note] if result.note else []
+        return PlanOutcome(result.strategy, settings.algorithm, result.step_time, dp.step_time if dp else None,
+                           time.perf_counter() - t0, result, notes)
+    builder = TaskGraphBuilder(graph, topology, cost, optimizer)
+    if settings.algorithm == "pinned":
+        strategy = _pinned(prepared, topology, plan_text)
+    else:
+        strategy = named_strategy(settings.algorithm, graph, topology)
+    res, _, _ = simulate_strategy(builder, strategy)
+    dp_res, _, _ = simulate_strategy(builder, named_strategy("data-parallel", graph, topology))
+    return PlanOutcome(strategy, settings.algorithm, res.step_time, dp_res.step_time, time.perf_counter() - t0)
+
+
+def _pinned(prepared: Prepared, topology: DeviceTopology, plan_text: str | None) -> Strategy:
+    import tempfile
+
+    from autopar.planner.plan_file import load_plan
+    ref = prepared.job.spec.planner.plan_ref
+    try:
+        if plan_text is None:
+            return load_plan(prepared.path(ref.path), prepared.graph, topology)
+        with tempfile.TemporaryDirectory() as d:
+            p = Path(d) / Path(ref.key).name
+            p.write_text(plan_text)
+            return load_plan(p, prepared.graph, topology)
+    except AutoparError as e:
+        raise JobSpecError(f"spec.planner.planRef: {e}") from e
+
+
+def write_plan(outcome: PlanOutcome, path: str | Path, prepared: Prepared, topology: DeviceTopology) -> Path:
+    """The plan file the trainer reads (planner.plan_file), with the prediction it was chosen on."""
+    from autopar.planner.plan_file import save_plan
+    what = outcome.result if outcome.result is not None else outcome.strategy
+    baselines = None if outcome.result is not None else {"data-parallel": outcome.data_parallel_step_s}
+    return save_plan(what, path, prepared.graph, topology,
+                     predicted_step_s=None if outcome.result is not None else outcome.predicted_step_s,
+                     baselines=baselines)
+
+
+def simulated_artifacts(prepared: Prepared, topology: DeviceTopology, cost, strategy: Strategy, *,
+                        trace: str | Path | None = None, picture: str | Path | None = None) -> None:
+    """The plan's simulated step as Chrome trace-event JSON (`trace`) and as a picture (`picture`)."""
+    import json
+
+    from autopar.planner.fileio import atomic_write
+    from autopar.planner.sim import TaskGraphBuilder, simulate_strategy, simulated_trace
+    builder = TaskGraphBuilder(prepared.graph, topology, cost, prepared.job.spec.training.optimizer)
+    _, tl, tg = simulate_strategy(builder, strategy)
+    if trace is not None:
+        doc = simulated_trace(prepared.graph, topology, tl, tg, name=strategy.name)
+        atomic_write(trace, lambda f: json.dump(doc, f))
+    if picture is not None:
+        from autopar.planner.plot import plot_strategy
+        plot_strategy(str(picture), prepared.graph, topology, strategy, tl, tg, builder=builder)
+
+
+# -- train ---------------------------------------------------------------------------------------
+
+def train_config(prepared: Prepared, strategy: str, *, topology: str, checkpoint_dir: str | None,
+                 profile_cache: str | None = None, trace: str | None = None, progress: bool = False,
+                 metrics_port: int | None = None, resume: bool = False) -> dict[str, Any]:
+    """Keyword arguments of `autopar.trainer.train_main` for this job under `strategy` (a plan file
+    or a named strategy): the same fields a trainer pod gets as `autopar train` options."""
+    t = prepared.job.spec.training
+    ckpt = prepared.job.spec.checkpoint
+    data = prepared.path(prepared.job.spec.data.path) if prepared.job.spec.data.source == "file" else None
+    return {
+        "model": prepared.job.spec.model.name, "model_options": dict(prepared.options), "strategy": strategy,
+        "nproc": prepared.world, "steps": t.steps, "dtype": t.dtype, "optimizer": t.optimizer,
+        "lr": t.learning_rate, "momentum": t.momentum, "seed": t.seed, "data": str(data) if data else None,
+        "checkpoint_dir": checkpoint_dir, "checkpoint_every": ckpt.every_steps if checkpoint_dir else 0,
+        "checkpoint_final": checkpoint_dir is not None,
+        "resume": resume, "topology": topology, "profile_cache": profile_cache, "trace": trace,
+        "graceful_stop": True, "progress": progress, "log": not progress, "metrics_port": metrics_port,
+    }
+
+
+# -- report --------------------------------------------------------------------------------------
+
+def report(prepared: Prepared, topology: DeviceTopology, outcome: PlanOutcome, trained: dict | None, *,
+           compare: dict | None = None, phase: str = "Succeeded", message: str | None = None,
+           files: dict[str, str] | None = None, seconds: dict[str, float] | None = None) -> dict[str, Any]:
+    """The job's report (what `autopar run --json` prints and the job's status carries)."""
+    measured = trained.get("measured_step_s") if trained else None
+    doc: dict[str, Any] = {
+        "job": prepared.job.name, "namespace": prepared.job.metadata.namespace, "phase": phase,
+        "message": message,
+        "model": prepared.graph.name, "model_ref": prepared.job.spec.model.name,
+        "topology": topology.name, "devices": topology.num_devices,
+        "algorithm": outcome.algorithm, "strategy": outcome.strategy.name,
+        "predicted_step_s": outcome.predicted_step_s,
+        "data_parallel_predicted_step_s": outcome.data_parallel_step_s,
+        "predicted_speedup": outcome.predicted_speedup,
+        "measured_step_s": measured,
+        "measured_cv": trained.get("measured_cv") if trained else None,
+        "measured_p10_s": _quantile(trained, 0.1), "measured_p90_s": _quantile(trained, 0.9),
+        "prediction_error": (outcome.predicted_step_s / measured - 1.0) if measured else None,
+        "steps": trained.get("steps") if trained else None,
+        "stopped_at_step": trained.get("stopped_at_step") if trained else None,
+        "final_loss": trained.get("final_loss") if trained else None,
+        "samples_per_second": trained.get("samples_per_second") if trained else None,
+        "checkpoints": trained.get("checkpoints", []) if trained else [],
+        "notes": list(outcome.notes),
+    }
+    if compare is not None:
+        dp = compare.get("measured_step_s")
+        doc["data_parallel_measured_step_s"] = dp
+        doc["data_parallel_prediction_error"] = (outcome.data_parallel_step_s / dp - 1.0
+                                                 if dp and outcome.data_parallel_step_s else None)
+        doc["measured_speedup"] = dp / measured if dp and measured else None
+    doc["files"] = dict(files or {})
+    doc["seconds"] = dict(seconds or {})
+    return doc
+
+
+def _quantile(trained: dict | None, q: float) -> float | None:
+    """A quantile of the measured steps, over the steps the median is taken on (untraced, without
+    the run's first step; `trainer.metrics.median_step`)."""
+    if not trained or not trained.get("step_seconds"):
+        return None
+    traced = set(trained.get("traced_steps") or [])
+    first = (trained.get("resumed_from_step") or 0) + 1
+    xs = [t for i, t in enumerate(trained["step_seconds"], start=first) if i not in traced] or trained["step_seconds"]
+    xs = sorted(xs[1:] if len(xs) > 1 else xs)
+    return xs[min(len(xs) - 1, max(0, round(q * (len(xs) - 1))))]
