@@ -12,6 +12,8 @@ from autopar.planner.errors import AutoparError
 from autopar.planner.hardware import DeviceTopology
 from autopar.planner.ir import OperatorGraph, Strategy
 
+_FLOATS = ("float64", "float32", "float16", "bfloat16")
+
 
 @dataclass
 class Problem:
@@ -24,7 +26,13 @@ class Problem:
     profile_path: Path | None
 
 
-def add_model_args(p, *, topology: bool = True) -> None:
+def add_model_args(p, *, topology: bool = True, dtype: bool | None = None) -> None:
+    """--model, --model-opt, --topology (unless `topology` is False), --profile-cache, --json, and
+    --dtype when `dtype` is true.  By default (None) only ``autopar plan`` and ``autopar simulate``
+    get --dtype: ``train`` has its own (trainer.add_train_args) and ``profile`` measures the
+    model's own dtype."""
+    if dtype is None:
+        dtype = str(getattr(p, "prog", "")).split()[-1:] in (["plan"], ["simulate"])
     p.add_argument("--model", "-m", required=True, metavar="M",
                    help="zoo model (lenet, alexnet, vgg16, inception_v3, resnet101, rnntc, rnnlm, nmt, "
                         "transformer) or module.path:factory returning a ModelSpec")
@@ -35,6 +43,10 @@ def add_model_args(p, *, topology: bool = True) -> None:
         p.add_argument("--topology", "-t", required=True, metavar="T",
                        help="preset (p100-4x4, k80-16x4, p100-1x4, dgx-a100x2, dgx-h100, local:4, …; "
                             "`autopar topologies` lists them) or a topology YAML/JSON file")
+    if dtype:
+        p.add_argument("--dtype", choices=_FLOATS, default=None,
+                       help="plan for the model converted to this float dtype, as `autopar train --dtype` trains "
+                            "it (default: the model's own); a plan is only valid for the dtype it was made for")
     p.add_argument("--profile-cache", metavar="FILE", default=None,
                    help="measured op times (default: $AUTOPAR_CACHE_DIR or ~/.cache/autopar/profile.json); "
                         "ops not in it are estimated with the analytic roofline model")
@@ -45,9 +57,10 @@ def load_problem(args) -> Problem:
     from autopar.planner.cost import CostModel, ProfileCache, default_cache_path
     from autopar.planner.hardware import resolve_topology
     from autopar.planner.ir import import_spec
-    from autopar.planner.zoo import parse_options
+    from autopar.planner.zoo import parse_options, with_dtype
 
-    spec = load_model_for_planning(args.model, **parse_options(args.model_opt))
+    spec = with_dtype(load_model_for_planning(args.model, **parse_options(args.model_opt)),
+                      getattr(args, "dtype", None))
     graph = import_spec(spec)
     topo = resolve_topology(args.topology)
     path = Path(args.profile_cache) if args.profile_cache else default_cache_path()
@@ -75,7 +88,18 @@ def resolve_strategy(name_or_file: str, problem: Problem) -> Strategy:
         raise AutoparError(f"--strategy {name_or_file!r} is neither a named strategy "
                            f"({', '.join(list_named())}) nor an existing plan file")
     from autopar.planner.plan_file import load_plan
-    return load_plan(path, problem.graph, problem.topology)
+    return load_plan(path, problem.graph, problem.topology, model_options=problem.spec.options)
+
+
+def warn(message: str) -> None:
+    """A warning line on stderr (the run goes on)."""
+    print(f"autopar: warning: {message}", file=sys.stderr, flush=True)
+
+
+def warn_notes(strategy: Strategy) -> None:
+    """Print what a strategy records about itself that a user should know (`Strategy.notes`)."""
+    for note in getattr(strategy, "notes", ()):
+        warn(note)
 
 
 def emit_json(doc: dict[str, Any]) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 
 from autopar.planner.sim import SimulationResult, TaskGraphBuilder, check_fits, simulate_strategy, simulated_trace
 
-from ._common import Problem, emit_json, fmt_bytes, fmt_seconds, load_problem, resolve_strategy
+from ._common import Problem, emit_json, fmt_bytes, fmt_seconds, load_problem, resolve_strategy, warn
 
 
 def simulate_one(problem: Problem, builder: TaskGraphBuilder, name: str) -> dict[str, Any]:
@@ -37,6 +37,7 @@ def _row(problem: Problem, builder, name, strategy, res: SimulationResult, wall:
         "max_peak_memory_bytes": max(res.peak_memory[d] for d in used),
         "memory_problems": check_fits(builder, strategy, res.peak_memory),
         "simulation_wall_seconds": wall,
+        "warnings": list(strategy.notes),
     }
 
 
@@ -50,13 +51,16 @@ def run_simulate(args) -> int:
         r["speedup_vs_" + base["strategy"].replace("-", "_")] = base["step_seconds"] / r["step_seconds"]
     doc = {
         "model": problem.graph.name,
-        "graph": {"ops": len(problem.graph), "parameters": problem.graph.num_params,
+        "graph": {"ops": len(problem.graph), "parameters": problem.graph.num_params, "dtype": problem.graph.dtype,
                   "batch_size": problem.graph.batch_size, "fingerprint": problem.graph.fingerprint},
         "topology": {"name": problem.topology.name, "devices": problem.topology.num_devices,
                      "fingerprint": problem.topology.fingerprint},
         "cost_sources": problem.cost.stats(),
         "results": rows,
     }
+    for r in rows:
+        for note in r["warnings"]:
+            warn(note)
     if getattr(args, "plot", None):
         _plot(args.plot, problem, builder, names[0])
         doc["plot"] = args.plot

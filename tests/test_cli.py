@@ -79,3 +79,26 @@ def test_profile_no_calibrate_measures_op_times_only(capsys, tmp_path, monkeypat
     cache = ProfileCache.load(doc["cache"])
     assert len(cache) > 0 and cache.calibrations() == []
     assert doc["cache"].startswith(str(tmp_path))
+
+
+def test_plan_and_simulate_take_dtype_and_a_plan_for_another_dtype_is_refused_saying_so(capsys, tmp_path):
+    plan = tmp_path / "plan.yaml"
+    model = ["--model", "lenet", "-o", "batch=8", "-o", "image=12", "--topology", "local:2"]
+    rc, _, _ = _run(capsys, "plan", *model, "--dtype", "float64", "--budget", "1", "--max-proposals", "20",
+                    "--out", str(plan), "--json")
+    assert rc == 0 and "dtype: float64" in plan.read_text()
+    rc, out, _ = _run(capsys, "simulate", *model, "--dtype", "float64", "--strategy", str(plan), "--json")
+    assert rc == 0 and json.loads(out)["graph"]["dtype"] == "float64"
+    rc, _, err = _run(capsys, "simulate", *model, "--strategy", str(plan))
+    assert rc == 2
+    assert "was made for lenet in float64; this run is float32" in err
+    assert "autopar plan --dtype float32" in err
+
+
+def test_simulate_warns_when_the_batch_does_not_divide_over_the_devices(capsys):
+    rc, out, err = _run(capsys, "simulate", "--model", "lenet", "-o", "batch=15", "-o", "image=12",
+                        "--topology", "local:2", "--strategy", "data-parallel", "--json")
+    assert rc == 0
+    assert ("autopar: warning: batch 15 does not divide over 2 devices: data-parallel runs on 1 device; "
+            "use a batch divisible by 2") in err
+    assert json.loads(out)["results"][0]["warnings"]

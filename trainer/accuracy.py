@@ -42,13 +42,15 @@ from typing import Any, Callable
 
 import torch.distributed as dist
 
+from autopar.planner.zoo import with_dtype
+
 from .comm import ProcessGroups
 from .errors import PlanRefusedError
 from .launch import run_local
 from .optim import OptimizerConfig
 from .runtime import PHASES
 from .session import Trainer
-from .train import Job, TrainConfig, with_dtype
+from .train import Job, TrainConfig
 from .validate import check_plan
 
 WORLD = 2

@@ -31,11 +31,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from autopar.planner.zoo import with_dtype
+
 from .comm import ProcessGroups
 from .launch import run_local
 from .optim import OptimizerConfig
 from .session import Trainer
-from .train import Job, TrainConfig, with_dtype
+from .train import Job, TrainConfig
 
 _OPT = OptimizerConfig("sgd", lr=0.01, momentum=0.9)
 

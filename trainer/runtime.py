@@ -90,6 +90,7 @@ class _OpView:
     grad: bool
     batch_norm: bool
     input_op: bool
+    random: bool = False        # draws random numbers (dropout): seeded per step, see `Runtime.step`
 
 
 class _Accumulators(dict):
@@ -112,7 +113,7 @@ class Runtime:
 
     def __init__(self, graph: OperatorGraph, strategy: Strategy, module: torch.nn.Module, *, rank: int,
                  world_size: int, groups: ProcessGroups, device: torch.device | str = "cpu",
-                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, fuse: bool = True):
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, fuse: bool = True, seed: int = 0):
         from autopar.planner.ir import kernels  # the planner's task kernels (shared with the profiler)
         self.kernels = kernels
         self.graph = graph
@@ -121,6 +122,10 @@ class Runtime:
         self.rank = rank
         self.world_size = world_size
         self.device = torch.device(device)
+        #: Seed of the random ops (dropout): op i at step k draws from ``kernels.op_seed(seed, k, i)``
+        #: the whole op's mask and takes its tasks' regions, so the masks do not depend on the plan.
+        self.seed = seed
+        self.steps_run = 0
         self.plan = ExecutionPlan(graph, strategy, world_size)
         self.shards: dict[str, Shard] = make_shards(self.plan, rank, dict(module.named_parameters()), self.device)
         self.buckets = plan_buckets(self.plan, bucket_bytes)
@@ -166,7 +171,8 @@ class Runtime:
             routes = [RouteView(plan, r, rank) for r in plan.routes[op.name]]
             dtypes = [getattr(torch, g.input_spec(op, j).dtype) for j in range(len(op.inputs))]
             views[op.name] = _OpView(op, i, tasks, slices, shapes, routes, dtypes, [False] * len(routes), False,
-                                     plan.requires_grad[op.name], self.bn.handles(op.name), op.kind == "input")
+                                     plan.requires_grad[op.name], self.bn.handles(op.name), op.kind == "input",
+                                     self.kernels.is_random(op))
         if fuse:
             for v in views.values():
                 for j, rv in enumerate(v.routes):
@@ -246,13 +252,16 @@ class Runtime:
         return gather_full(self.plan, self.rank, local, names, dst, self.device)
 
     # -- one step ----------------------------------------------------------------------------------
-    def step(self, data: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    def step(self, data: Mapping[str, torch.Tensor], step: int | None = None) -> torch.Tensor:
         """Forward, backward and gradient synchronization of one batch; returns this rank's part of
         the loss (the partial sums of its loss tasks; summed over ranks it is the global mean).
-        The shards' gradients are this batch's (set, not accumulated across calls)."""
+        The shards' gradients are this batch's (set, not accumulated across calls).  `step` (default:
+        the number of steps this runtime has run) seeds the random ops with `seed`."""
         self.phases = dict.fromkeys(PHASES, 0.0)
         self.sync.zero_grad()
-        acts, leaves = self._forward(data)
+        step = self.steps_run if step is None else step
+        self.steps_run = step + 1
+        acts, leaves = self._forward(data, step)
         loss = self._local_loss(acts)
         self._backward(acts, leaves)
         with self.span("sync"):
@@ -269,7 +278,7 @@ class Runtime:
             total += acts[(self.loss_op, t.index)][0].detach().to(torch.float64).sum()
         return total
 
-    def _forward(self, data: Mapping[str, torch.Tensor]):
+    def _forward(self, data: Mapping[str, torch.Tensor], step: int = 0):
         rank = self.rank
         acts: dict[tuple[str, int], list[torch.Tensor]] = {}
         leaves: dict[tuple[str, int], list[torch.Tensor]] = {}
@@ -311,9 +320,10 @@ class Runtime:
                     for t in v.tasks:
                         acts[(op.name, t.index)] = outs[t.index]
                 else:
+                    seed = self.kernels.op_seed(self.seed, step, v.index) if v.random else None
                     for t in v.tasks:
                         outs = self.kernels.forward_task(op, t.range_map, inputs[t.index], self._task_params(op, t),
-                                                         module=self.module, device=self.device)
+                                                         module=self.module, device=self.device, seed=seed)
                         acts[(op.name, t.index)] = list(outs)
         return acts, leaves
 

@@ -40,7 +40,7 @@ class Trainer:
             module.to(self.device)   # a full replica per device: shards are sliced from it, buffers live on it
         self.module = module
         self.runtime = Runtime(job.graph, job.strategy, module, rank=rank, world_size=world, groups=groups,
-                               device=self.device, bucket_bytes=cfg.bucket_bytes)
+                               device=self.device, bucket_bytes=cfg.bucket_bytes, seed=cfg.seed)
         # A rank whose tasks read no parameter (ops on disjoint device subsets) has nothing to step.
         shards = self.runtime.parameters()
         self.optimizer = cfg.optimizer.build(shards) if shards else None
@@ -58,7 +58,7 @@ class Trainer:
     def forward_backward(self, step: int | None = None) -> torch.Tensor:
         """Gradients of the batch of `step`, synchronized among the shards' holders."""
         step = self.step if step is None else step
-        loss = self.runtime.step(self.data.batch(step))
+        loss = self.runtime.step(self.data.batch(step), step)
         for t in self.runtime.parameters():
             if t.grad is None:      # no local task touched it this step: a zero gradient, as on one device
                 t.grad = torch.zeros_like(t)

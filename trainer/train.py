@@ -28,7 +28,8 @@ import torch
 import torch.distributed as dist
 
 from autopar.planner.fileio import atomic_write
-from autopar.planner.ir import OperatorGraph, Strategy, TensorSpec
+from autopar.planner.ir import OperatorGraph, Strategy
+from autopar.planner.zoo import with_dtype
 
 from . import checkpoint as ckpt
 from .comm import ProcessGroups
@@ -100,18 +101,6 @@ class Job:
     predicted_note: str = ""
 
 
-def with_dtype(spec, dtype: str | None):
-    """The model spec with its module and float inputs converted to `dtype` (None: unchanged)."""
-    if dtype is None:
-        return spec
-    spec.module.to(getattr(torch, dtype))
-
-    def conv(entry):
-        name, s = entry
-        return (name, TensorSpec(s.shape, s.dims, dtype) if s.dtype in _FLOATS else s)
-    return dataclasses.replace(spec, inputs=tuple(conv(e) for e in spec.inputs), target=conv(spec.target))
-
-
 def prepare(cfg: TrainConfig, world: int, check: bool = True) -> Job:
     """Build the model, import its graph, resolve and check the plan, predict its step time."""
     from autopar.planner.hardware import resolve_topology
@@ -121,7 +110,7 @@ def prepare(cfg: TrainConfig, world: int, check: bool = True) -> Job:
     spec = with_dtype(load_model(cfg.model, **cfg.model_options), cfg.dtype)
     graph = import_spec(spec)
     topology = resolve_topology(cfg.topology or f"local:{world}")
-    strategy = resolve_strategy(cfg.strategy, graph, topology)
+    strategy = resolve_strategy(cfg.strategy, graph, topology, spec.options)
     if check:
         check_plan(graph, strategy, world, spec.module)
     predicted, note = _plan_file_prediction(cfg.strategy)
@@ -140,7 +129,7 @@ def _plan_file_prediction(strategy: Any) -> tuple[float | None, str]:
     return (float(seconds), f"recorded in plan file {strategy}") if seconds else (None, "")
 
 
-def resolve_strategy(strategy: Any, graph: OperatorGraph, topology) -> Strategy:
+def resolve_strategy(strategy: Any, graph: OperatorGraph, topology, model_options=None) -> Strategy:
     """A `Strategy`, a named strategy (planner.search.named) or a plan file (planner.plan_file)."""
     from pathlib import Path
 
@@ -157,7 +146,7 @@ def resolve_strategy(strategy: Any, graph: OperatorGraph, topology) -> Strategy:
     except ImportError as e:
         raise TrainerConfigError(f"plan file {strategy}: this installation cannot read plan files yet "
                                  f"(planner.plan_file is missing); use a named strategy") from e
-    return load_plan(strategy, graph, topology)
+    return load_plan(strategy, graph, topology, model_options=model_options)
 
 
 def predict(graph: OperatorGraph, topology, strategy: Strategy, cfg: TrainConfig) -> tuple[float | None, str]:
@@ -264,7 +253,7 @@ def rank_main(rank: int, world: int, job: Job, device_kind: str = "cpu") -> dict
             "samples_per_second": batch / med if med else None,
             "final_loss": metrics.losses[-1] if metrics.losses else None,
             "checkpoints": saved, "metrics_port": metrics.port,
-            "stopped_at_step": stopped_at,
+            "stopped_at_step": stopped_at, "warnings": list(job.strategy.notes),
         }
     finally:
         if bar is not None:
@@ -400,16 +389,25 @@ def train_main(args: Any = None, **overrides: Any) -> dict | None:
             if args is not None and getattr(args, "nproc", None) not in (None, world):
                 raise TrainerConfigError(f"--nproc {args.nproc} but torchrun started {world} ranks; omit --nproc")
             job = prepare(cfg, world)
+            if rank == 0:
+                _warn(job)
             return rank_main(rank, world, job, kind)
         finally:
             dist.destroy_process_group()
     job = prepare(cfg, cfg.nproc)
+    _warn(job)
     if cfg.log:
         predicted = f"predicted step {job.predicted * 1e3:.1f} ms" if job.predicted else job.predicted_note
         print(f"training {job.graph.name} under {job.strategy.name!r} on {cfg.nproc} rank(s) ({backend}); {predicted}",
               file=sys.stderr, flush=True)
     return run_local(rank_main, cfg.nproc, (job, kind), backend=backend, timeout=cfg.timeout,
                      graceful=cfg.graceful_stop)[0]
+
+
+def _warn(job: Job) -> None:
+    """What the plan notes about itself (e.g. a batch that does not divide over the devices)."""
+    for note in job.strategy.notes:
+        print(f"autopar: warning: {note}", file=sys.stderr, flush=True)
 
 
 def format_summary(summary: dict) -> str:

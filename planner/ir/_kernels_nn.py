@@ -10,6 +10,7 @@ ceil_mode and divisor_override included).
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Sequence
@@ -26,6 +27,66 @@ class Ctx:
     module: nn.Module | None = None
     bn_stats: tuple[torch.Tensor, torch.Tensor] | None = None
     device: torch.device | None = None
+    seed: int | None = None      # of the op's random draws this step (`kernels.op_seed`); None: torch's RNG
+
+
+# -- random draws that do not depend on the partition ------------------------------------------------
+
+def seeded_region(seed: int, full_shape: Sequence[int], box: Sequence[tuple[int, int]], like: torch.Tensor,
+                  draw: str = "bernoulli", p: float = 0.5) -> torch.Tensor:
+    """Region `box` of a tensor of `full_shape` drawn whole from a generator seeded with `seed`:
+    every task of an op, however the op is split, sees the numbers one device would draw.
+    `draw`: ``bernoulli`` (ones with probability `p`, as float32), ``rand`` or ``randn``."""
+    full_shape, box = tuple(full_shape), tuple(box)
+    # A large tensor is drawn in blocks, one generator per index of its leading axes, so that a task
+    # draws only the blocks it covers (a data-parallel rank does not draw the whole batch's mask).
+    # The layout depends on the full shape alone, never on the partition.
+    lead = 0
+    while lead < len(full_shape) - 1 and math.prod(full_shape[lead:]) > _DRAW_BLOCK:
+        lead += 1
+    inner = tuple(slice(lo, hi) for lo, hi in box[lead:])
+    if lead == 0:
+        return _draw(seed, full_shape, like.device, draw, p)[inner]
+    strides = [math.prod(full_shape[i + 1:lead]) for i in range(lead)]
+    blocks = []
+    for idx in itertools.product(*(range(lo, hi) for lo, hi in box[:lead])):
+        flat = sum(i * st for i, st in zip(idx, strides))
+        blocks.append(_draw(_block_seed(seed, flat), full_shape[lead:], like.device, draw, p)[inner])
+    sizes = tuple(hi - lo for lo, hi in box)
+    if not blocks:
+        return torch.empty(sizes, dtype=torch.float32, device=like.device)
+    return torch.stack(blocks).reshape(sizes)
+
+
+_DRAW_BLOCK = 1 << 22      # elements drawn by one generator at most (unless one innermost row is longer)
+
+
+def _block_seed(seed: int, index: int) -> int:
+    return (seed ^ ((index + 1) * 0x9E3779B97F4A7C15)) & ((1 << 63) - 1)
+
+
+def _draw(seed: int, shape: tuple[int, ...], device, draw: str, p: float) -> torch.Tensor:
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    full = torch.empty(shape, dtype=torch.float32, device=device)
+    if draw == "bernoulli":
+        return full.bernoulli_(p, generator=gen)
+    if draw == "rand":
+        return full.uniform_(0.0, 1.0, generator=gen)
+    return full.normal_(0.0, 1.0, generator=gen)
+
+
+def dropout(x: torch.Tensor, p: float, ctx: Ctx, full_shape: Sequence[int], box: Sequence[tuple[int, int]]) -> torch.Tensor:
+    """Dropout of region `box` of a tensor of `full_shape` (training mode): with ``ctx.seed`` the mask
+    is the region of the whole tensor's mask, so a split op drops exactly what one device drops."""
+    if p <= 0.0:
+        return x
+    if p >= 1.0:
+        return x * 0.0
+    if ctx.seed is None:
+        return F.dropout(x, p)
+    keep = seeded_region(ctx.seed, full_shape, box, x, "bernoulli", 1.0 - p)
+    return x * (keep * (1.0 / (1.0 - p))).to(x.dtype)
 
 
 def local_shape(op: Op, k: int, ranges) -> tuple[int, ...]:
@@ -207,7 +268,14 @@ def _attention(op: Op, ranges, operands, ctx: Ctx) -> list[torch.Tensor]:
         scores = _mask_into(scores, kpm[:, None, None, :])
     attn = torch.softmax(scores, dim=-1)
     if op.attr("training") and op.attr("dropout") > 0:
-        attn = F.dropout(attn, op.attr("dropout"))
+        # The whole op's weights are (N, heads, L, S); the task holds its samples, heads and query rows.
+        out_spec = op.outputs[0]
+        n_ax, l_ax = (0, 1) if bf else (1, 0)
+        n_rng = ranges.get(out_spec.dims[n_ax], (0, out_spec.shape[n_ax]))
+        l_rng = ranges.get(out_spec.dims[l_ax], (0, out_spec.shape[l_ax]))
+        full = (out_spec.shape[n_ax], heads, out_spec.shape[l_ax], kh.shape[2])
+        box = (n_rng, (h0, h0 + qh.shape[1]), l_rng, (0, kh.shape[2]))
+        attn = dropout(attn, op.attr("dropout"), ctx, full, box)
     out = (attn @ vh).transpose(1, 2).reshape(qh.shape[0], qh.shape[2], -1)
     return [out if bf else out.transpose(0, 1)]
 
@@ -223,8 +291,29 @@ def _sdpa(op: Op, ranges, operands, ctx: Ctx) -> list[torch.Tensor]:
         mask = allowed if mask is None else (allowed & mask if mask.dtype == torch.bool
                                              else mask.masked_fill(~allowed, float("-inf")))
     kw = {"enable_gqa": True} if op.attr("enable_gqa") else {}
-    return [F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=op.attr("dropout_p"),
+    p = op.attr("dropout_p") or 0.0
+    if p > 0 and ctx.seed is not None:
+        return [_sdpa_seeded_dropout(op, ranges, q, k, v, mask, p, ctx)]
+    return [F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p,
                                            is_causal=False, scale=op.attr("scale"), **kw)]
+
+
+def _sdpa_seeded_dropout(op: Op, ranges, q, k, v, mask, p: float, ctx: Ctx) -> torch.Tensor:
+    """Attention written out, its weights dropped with the region of the whole op's seeded mask."""
+    if op.attr("enable_gqa") and k.dim() >= 3 and k.shape[-3] != q.shape[-3]:
+        rep = q.shape[-3] // k.shape[-3]
+        k, v = k.repeat_interleave(rep, dim=-3), v.repeat_interleave(rep, dim=-3)
+    scale = op.attr("scale")
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = (q @ k.transpose(-2, -1)) * scale
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    attn = torch.softmax(scores, dim=-1)
+    out = op.outputs[0]
+    S = k.shape[-2]
+    box = tuple(op.output_box(0, ranges))[:-1] + ((0, S),)
+    attn = dropout(attn, p, ctx, tuple(out.shape[:-1]) + (S,), box)
+    return attn @ v
 
 
 def _cross_entropy(op: Op, ranges, operands, ctx: Ctx) -> list[torch.Tensor]:

@@ -377,6 +377,21 @@ class OperatorGraph:
         return sum(p.nbytes for p in self.param_specs.values())
 
     @property
+    def dtype(self) -> str:
+        """The float dtype the model computes in: that of most parameter elements, else of the float
+        tensors its ops produce (a model without parameters), else ``float32``."""
+        counts: dict[str, int] = {}
+        for p in self.param_specs.values():
+            if p.dtype in _FLOAT_DTYPES:
+                counts[p.dtype] = counts.get(p.dtype, 0) + _prod(p.shape)
+        if not counts:
+            for op in self.ops:
+                for o in op.outputs:
+                    if o.dtype in _FLOAT_DTYPES:
+                        counts[o.dtype] = counts.get(o.dtype, 0) + o.numel
+        return max(counts, key=lambda k: counts[k]) if counts else "float32"
+
+    @property
     def total_flops(self) -> float:
         return sum(op.flops_fwd + op.flops_bwd for op in self.ops)
 
@@ -407,8 +422,8 @@ class OperatorGraph:
             kinds[op.kind] = kinds.get(op.kind, 0) + 1
         shared = sum(1 for users in self.param_users.values() if len(users) > 1)
         ks = ", ".join(f"{k} {n}" for k, n in sorted(kinds.items(), key=lambda kv: -kv[1]))
-        return (f"{self.name}: {len(self.ops)} ops ({ks}); {self.num_params / 1e6:.1f}M parameters"
-                f" ({shared} shared); {self.total_flops / 1e9:.1f} GFLOP per step at batch {self.batch_size}")
+        return (f"{self.name}: {len(self.ops)} ops ({ks}); {fmt_count(self.num_params)} parameters"
+                f" ({shared} shared); {_fmt_flops(self.total_flops)} per step at batch {self.batch_size}")
 
 
 def _op_to_dict(op: Op) -> dict[str, Any]:
@@ -420,6 +435,24 @@ def _op_to_dict(op: Op) -> dict[str, Any]:
         "params": [{"name": p.name, "shape": list(p.shape)} for p in op.params],
         "flops_fwd": op.flops_fwd, "flops_bwd": op.flops_bwd,
     }
+
+
+_FLOAT_DTYPES = ("float64", "float32", "float16", "bfloat16")
+
+
+def fmt_count(n: float) -> str:
+    """A count for people: ``950``, ``22.4k``, ``1.2M``, ``134.0M``, ``1.5B``."""
+    for suffix, scale in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= scale * 0.9995 or (suffix == "k" and abs(n) >= 1000):
+            return f"{n / scale:.1f}{suffix}"
+    return f"{n:.0f}"
+
+
+def _fmt_flops(f: float) -> str:
+    for prefix, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if f >= scale:
+            return f"{f / scale:.1f} {prefix}FLOP"
+    return f"{f:.0f} FLOP"
 
 
 def _prod(xs: Iterable[int]) -> int:

@@ -27,6 +27,11 @@ Keyword arguments, used by the few kinds that need state outside their operands:
   the op is not split along n/h/w.
   `batch_norm_update_running` updates the module's running buffers from the global statistics.
 - ``device``: where ``source`` ops create their tensors (default: CPU).
+- ``seed``: the seed of the op's random draws in this step (`op_seed` of the data seed, the step
+  and the op's index in the graph).  Dropout (``F.dropout``, ``nn.Dropout``, attention dropout) and
+  random factories then draw the *whole* op's mask or values from it and take the task's region,
+  so every partition of the op computes exactly what one device computes, and a run is
+  reproducible from its seed.  Without it they use torch's global generator.
 
 `run_graph` executes a whole graph on one process, each op split into its tasks and the task
 outputs stitched back together: the reference that proves the graph and the kernels faithful.
@@ -36,18 +41,21 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Sequence
 
+import hashlib
+
 import torch
 import torch.func
 import torch.nn as nn
+import torch.nn.functional as F
 
 from ._kernels_nn import (NN_KERNELS, Ctx, batch_norm_partial_stats, batch_norm_stats,
-                          batch_norm_update_running, local_shape)
+                          batch_norm_update_running, dropout, local_shape, seeded_region)
 from .graph import Op, OperatorGraph
 from .opkinds._base import FrozenDict, FrozenSlice, Slot
 from .regions import Box, grid_coords
 
 __all__ = ["forward_task", "run_graph", "batch_norm_partial_stats", "batch_norm_stats", "batch_norm_update_running",
-           "KERNEL_KINDS"]
+           "KERNEL_KINDS", "is_random", "op_seed"]
 
 _TORCH_DTYPES = {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16,
                  "bfloat16": torch.bfloat16, "int64": torch.int64, "int32": torch.int32, "int16": torch.int16,
@@ -57,9 +65,10 @@ _TORCH_DTYPES = {"float64": torch.float64, "float32": torch.float32, "float16": 
 def forward_task(op: Op, ranges: Mapping[str, tuple[int, int]], inputs: Sequence[torch.Tensor],
                  params: Sequence[torch.Tensor], *, module: nn.Module | None = None,
                  bn_stats: tuple[torch.Tensor, torch.Tensor] | None = None,
-                 device: torch.device | str | None = None) -> list[torch.Tensor]:
+                 device: torch.device | str | None = None, seed: int | None = None) -> list[torch.Tensor]:
     """Compute the output regions of the task of `op` that covers `ranges` (see the module docstring)."""
-    ctx = Ctx(module=module, bn_stats=bn_stats, device=torch.device(device) if device is not None else None)
+    ctx = Ctx(module=module, bn_stats=bn_stats, device=torch.device(device) if device is not None else None,
+              seed=seed)
     if op.kind == "input":
         # The data loader's shard; without one (profiling) a zero stand-in of the right shape.
         return [inputs[0] if inputs else torch.zeros(local_shape(op, 0, ranges), dtype=_dtype(op), device=ctx.device)]
@@ -67,6 +76,39 @@ def forward_task(op: Op, ranges: Mapping[str, tuple[int, int]], inputs: Sequence
     if kernel is None:
         raise ValueError(f"{op.describe()}: no task kernel for kind {op.kind!r}; known kinds: {', '.join(_KERNELS)}")
     return kernel(op, dict(ranges), _operands(op, inputs, params), ctx)
+
+
+def op_seed(seed: int, step: int, op_index: int) -> int:
+    """The seed of op `op_index`'s random draws at `step` of a run seeded with `seed`."""
+    digest = hashlib.blake2b(f"autopar:{seed}:{step}:{op_index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
+def is_random(op: Op) -> bool:
+    """Whether the op draws random numbers when it runs (dropout in training mode, random factories)."""
+    if op.kind == "elementwise":
+        return _dropout_p(op) is not None
+    if op.kind == "attention":
+        return bool(op.attr("training")) and (op.attr("dropout") or 0) > 0
+    if op.kind == "sdpa":
+        return (op.attr("dropout_p") or 0) > 0
+    return op.kind == "source" and op.attr("fill") in ("rand", "randn")
+
+
+def _dropout_p(op: Op) -> float | None:
+    """p of an elementwise dropout op that drops (``nn.Dropout`` in training mode, ``F.dropout`` with
+    training=True); None for any other op."""
+    fn, how = op.attr("fn"), op.attr("how")
+    if how == "module" and type(fn) is nn.Dropout:
+        return float(fn.p) if fn.training and fn.p > 0 else None
+    if how == "function" and fn is F.dropout:
+        args, kwargs = op.attr("call")
+        kw = dict(kwargs.items) if isinstance(kwargs, FrozenDict) else dict(kwargs or ())
+        p = args[1] if len(args) > 1 else kw.get("p", 0.5)
+        training = args[2] if len(args) > 2 else kw.get("training", True)
+        if isinstance(p, (int, float)) and isinstance(training, bool) and training and p > 0:
+            return float(p)
+    return None
 
 
 def _operands(op: Op, inputs: Sequence[torch.Tensor], params: Sequence[torch.Tensor]) -> list[Any]:
@@ -95,6 +137,11 @@ def _thaw(v: Any, operands: Sequence[Any]) -> Any:
 
 
 def _template(op: Op, ranges: dict, operands: list, ctx: Ctx) -> list[torch.Tensor]:
+    if ctx.seed is not None and op.kind == "elementwise":
+        p = _dropout_p(op)
+        if p is not None:
+            x = next(o for o in operands if isinstance(o, torch.Tensor))
+            return [dropout(x, p, ctx, op.outputs[0].shape, op.output_box(0, ranges))]
     if op.attr("mutates"):
         # An in-place call the importer could not rewrite: let it mutate a copy, not the producer's shard.
         operands = [o.clone() if isinstance(o, torch.Tensor) else o for o in operands]
@@ -128,6 +175,9 @@ def _source(op: Op, ranges: dict, operands: list, ctx: Ctx) -> list[torch.Tensor
         return [torch.ones(shape, **kw)]
     if fill == "full":
         return [torch.full(shape, op.attr("value"), **kw)]
+    if fill in ("rand", "randn") and ctx.seed is not None:
+        like = torch.empty(0, device=ctx.device)
+        return [seeded_region(ctx.seed, op.outputs[0].shape, box, like, fill).to(dtype)]
     if fill == "rand":
         return [torch.rand(shape, **kw)]
     if fill == "randn":
@@ -205,9 +255,11 @@ def _slices(box: Box) -> tuple[slice, ...]:
 
 def run_graph(graph: OperatorGraph, module: nn.Module, inputs: Sequence[torch.Tensor] | Mapping[str, torch.Tensor],
               target: torch.Tensor | None = None,
-              degrees: Mapping[str, tuple[int, ...]] | None = None) -> dict[str, list[torch.Tensor]]:
+              degrees: Mapping[str, tuple[int, ...]] | None = None,
+              rng: tuple[int, int] | None = None) -> dict[str, list[torch.Tensor]]:
     """Run `graph` op by op on this process, every op split into the tasks of `degrees` (op name ->
-    degree per parallel dim; all 1 by default), and return every op's outputs stitched together."""
+    degree per parallel dim; all 1 by default), and return every op's outputs stitched together.
+    `rng` = (seed, step) seeds the random ops as the trainer does (`op_seed`)."""
     meta = dict(graph.meta)
     names = meta.get("inputs") or tuple(op.name for op in graph.ops if op.kind == "input")
     data = dict(inputs) if isinstance(inputs, Mapping) else dict(zip(names, inputs))
@@ -215,7 +267,8 @@ def run_graph(graph: OperatorGraph, module: nn.Module, inputs: Sequence[torch.Te
         data[meta["target"]] = target
     params = dict(module.named_parameters())
     values: dict[str, list[torch.Tensor]] = {}
-    for op in graph.ops:
+    for index, op in enumerate(graph.ops):
+        seed = op_seed(rng[0], rng[1], index) if rng is not None and is_random(op) else None
         deg = tuple((degrees or {}).get(op.name, (1,) * len(op.pardims)))
         full = [values[r.op][r.index] for r in op.inputs]
         views = [params[p.name].reshape(p.view) for p in op.params]
@@ -233,7 +286,7 @@ def run_graph(graph: OperatorGraph, module: nn.Module, inputs: Sequence[torch.Te
         pieces = []
         for ranges, loc, ps in tasks:
             bn = stats.get(_channel_key(op, ranges)) if stats else None
-            outs = forward_task(op, ranges, loc, ps, module=module, bn_stats=bn)
+            outs = forward_task(op, ranges, loc, ps, module=module, bn_stats=bn, seed=seed)
             pieces += [(k, op.output_box(k, ranges), t) for k, t in enumerate(outs)]
         values[op.name] = _stitch(op, pieces)
     return values

@@ -13,7 +13,7 @@ returns a new strategy with one op changed (what an MCMC proposal does, sec. 6.2
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Iterator, Mapping
 
@@ -65,11 +65,17 @@ def check_config(op: Op, cfg: ParallelConfig, num_devices: int) -> None:
 
 @dataclass(frozen=True)
 class Strategy:
-    """A configuration for every op of a graph, stored in graph op order."""
+    """A configuration for every op of a graph, stored in graph op order.
+
+    `notes` are what a user should be told about the strategy (e.g. data parallelism that runs on
+    fewer devices than asked because the batch does not divide); commands print them as warnings.
+    They do not take part in comparisons, and a changed strategy (`with_config`) drops them.
+    """
 
     op_names: tuple[str, ...]
     configs: tuple[ParallelConfig, ...]
     name: str = "custom"
+    notes: tuple[str, ...] = field(default=(), compare=False)
 
     @cached_property
     def _index(self) -> dict[str, int]:
@@ -90,7 +96,11 @@ class Strategy:
         return Strategy(self.op_names, configs, name or self.name)
 
     def renamed(self, name: str) -> "Strategy":
-        return Strategy(self.op_names, self.configs, name)
+        return Strategy(self.op_names, self.configs, name, self.notes)
+
+    def with_notes(self, *notes: str) -> "Strategy":
+        """The same strategy with `notes` added."""
+        return Strategy(self.op_names, self.configs, self.name, self.notes + tuple(n for n in notes if n not in self.notes))
 
     @classmethod
     def from_mapping(cls, graph: OperatorGraph, configs: Mapping[str, ParallelConfig], name: str = "custom") -> "Strategy":
@@ -130,8 +140,11 @@ def single_device(graph: OperatorGraph, device: int = 0) -> Strategy:
 
 
 def data_parallel(graph: OperatorGraph, num_devices: int) -> Strategy:
-    """Every op split along its sample dimension over as many devices as divide the batch."""
+    """Every op split along its sample dimension over as many devices as divide the batch.
+
+    When the batch does not divide over all devices, the strategy says so in its `notes`."""
     cfgs = {}
+    widest = 0
     for op in graph.ops:
         degrees = [1] * len(op.pardims)
         k = 1
@@ -139,9 +152,24 @@ def data_parallel(graph: OperatorGraph, num_devices: int) -> Strategy:
             if p.kind is DimKind.SAMPLE:
                 k = _largest_degree(p.size, num_devices, p.granule)
                 degrees[i] = k
+                widest = max(widest, k)
                 break
         cfgs[op.name] = ParallelConfig(tuple(degrees), tuple(range(k)))
-    return Strategy.from_mapping(graph, cfgs, "data-parallel")
+    strategy = Strategy.from_mapping(graph, cfgs, "data-parallel")
+    if num_devices > 1 and widest == 0:
+        strategy = strategy.with_notes(f"graph {graph.name} has no sample (batch) dimension to split: data-parallel "
+                                       f"runs on 1 of {num_devices} devices")
+    elif num_devices > 1 and widest < num_devices:
+        strategy = strategy.with_notes(batch_note(graph.batch_size, num_devices, widest))
+    return strategy
+
+
+def batch_note(batch: int, num_devices: int, used: int) -> str:
+    """What to tell a user whose batch does not split over all devices."""
+    lower = batch - batch % num_devices
+    sizes = " or ".join(str(b) for b in (lower, lower + num_devices) if b > 0)
+    return (f"batch {batch} does not divide over {num_devices} devices: data-parallel runs on {used} "
+            f"device{'s' if used != 1 else ''}; use a batch divisible by {num_devices} (e.g. {sizes})")
 
 
 def model_parallel(graph: OperatorGraph, num_devices: int) -> Strategy:

@@ -16,8 +16,9 @@ Every model returns logits ``(N, C)`` or ``(N, L, C)`` and is trained with ``"cr
 
 from ..ir.graph import TensorSpec
 from .registry import get_model, list_models, load_model, model_options, parse_options
-from .spec import ModelSpec, seeded
+from .spec import FLOAT_DTYPES, ModelSpec, seeded, with_dtype
 
 # TensorSpec is the IR's; it is exported here too because every factory of a user's model needs
 # it next to ModelSpec (`from autopar.planner.zoo import ModelSpec, TensorSpec`).
-__all__ = ["ModelSpec", "TensorSpec", "get_model", "list_models", "load_model", "model_options", "parse_options", "seeded"]
+__all__ = ["FLOAT_DTYPES", "ModelSpec", "TensorSpec", "get_model", "list_models", "load_model", "model_options",
+           "parse_options", "seeded", "with_dtype"]

@@ -14,6 +14,7 @@ samples first (`ModelSpec.compute_loss`).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 
@@ -25,6 +26,8 @@ from ..errors import AutoparError
 from ..ir.graph import TensorSpec
 
 LOSSES = ("cross_entropy",)
+#: The float dtypes a model can be converted to (`with_dtype`, ``--dtype``).
+FLOAT_DTYPES = ("float64", "float32", "float16", "bfloat16")
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,26 @@ def _random_tensor(spec: TensorSpec, high: int, gen: torch.Generator) -> torch.T
     if dtype.is_floating_point:
         return torch.randn(spec.shape, generator=gen).to(dtype)
     return torch.randint(0, high, spec.shape, generator=gen, dtype=dtype)
+
+
+def with_dtype(spec: ModelSpec, dtype: str | None) -> ModelSpec:
+    """The spec with its module and its float inputs and target converted to `dtype` (None: unchanged).
+
+    What ``autopar train --dtype`` trains and what ``autopar plan/simulate --dtype`` plan for: the
+    graph imported from the result (its fingerprint included) is the same in both.  The module is
+    converted in place (``nn.Module.to``); integer inputs (token ids, labels) keep their dtype.
+    """
+    if dtype is None:
+        return spec
+    if dtype not in FLOAT_DTYPES:
+        raise AutoparError(f"model {spec.name!r}: dtype {dtype!r} is not a float dtype; use one of "
+                           f"{', '.join(FLOAT_DTYPES)}")
+    spec.module.to(getattr(torch, dtype))
+
+    def conv(entry):
+        name, s = entry
+        return (name, TensorSpec(s.shape, s.dims, dtype) if s.dtype in FLOAT_DTYPES else s)
+    return dataclasses.replace(spec, inputs=tuple(conv(e) for e in spec.inputs), target=conv(spec.target))
 
 
 def seeded(seed: int, build: Callable[[], nn.Module]) -> nn.Module:

@@ -63,7 +63,7 @@ REFUSALS = {
     "bad degree": (_set_op("fc1", degrees={"f": 3}, devices=[0, 1, 2]), r"degree 3 for parameter dim f of size 8"),
     "too few devices": (_set_op("fc1", degrees={"n": 2}, devices=[0]), r"degrees 2×1 = 2 tasks but 1 devices given"),
     "device out of range": (_set_op("fc1", degrees={}, devices=[7]), r"device 7 does not exist; the topology has devices 0..3"),
-    "schema": (lambda d: d["ops"][0].update(color="red"), r"ops.0.color: Extra inputs are not permitted"),
+    "schema": (lambda d: d["ops"][0].update(color="red"), r"op 'x' \(entry 1 of ops\): unknown field 'color'"),
 }
 
 
