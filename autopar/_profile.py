@@ -57,30 +57,14 @@ def run_profile(args) -> int:
 
 
 def _calibration(args, cache, workers: int) -> dict:
-    """Measure the runtime calibration of ``local:<workers>`` into `cache` (and save it) unless
-    --no-calibrate, or one is already there and not --recalibrate; what `autopar profile` reports."""
-    import time
-
-    from autopar.planner.hardware import get_preset
-
-    product = get_preset(f"local:{workers}").devices[0].product
+    """The runtime calibration of ``local:<workers>`` (`autopar.job.pipeline.ensure_calibration`),
+    unless --no-calibrate; what `autopar profile` reports."""
     if getattr(args, "no_calibrate", False):
         return {"status": "skipped", "line": "not measured (--no-calibrate)", "world": workers}
-    from autopar.trainer.calibrate import BACKEND, calibrate, summary, summary_line
-
-    existing = cache.calibration(product, BACKEND, workers)
-    if existing is not None and not getattr(args, "recalibrate", False):
-        when = dict(existing.details).get("date", "?")
-        return {"status": "kept", "line": f"{summary_line(existing)} (measured {when}; --recalibrate to measure again)",
-                **summary(existing)}
+    from autopar.job.pipeline import ensure_calibration
 
     def progress(message: str) -> None:
         if not args.json:
             print(f"calibrating local:{workers}: {message}", file=sys.stderr, flush=True)
 
-    t0 = time.perf_counter()
-    cal = calibrate(workers, progress=progress)
-    cache.put_calibration(cal)
-    cache.save()
-    return {"status": "measured", "line": summary_line(cal), **summary(cal),
-            "seconds": round(time.perf_counter() - t0, 1)}
+    return ensure_calibration(cache, workers, recalibrate=getattr(args, "recalibrate", False), progress=progress)

@@ -48,6 +48,8 @@ def _build_parser() -> argparse.ArgumentParser:
     r.add_argument("--compare", action="store_true",
                    help="also train data parallelism for the same steps, to measure the real speedup")
     r.add_argument("--run-dir", metavar="DIR", help="where the run's files go (default autopar-runs/<job>-<time>)")
+    r.add_argument("--resume", metavar="RUN_DIR",
+                   help="train the plan of an earlier, stopped run of this job on from its latest checkpoint")
     r.add_argument("--profile-cache", metavar="FILE", default=None,
                    help="measured op times and calibration (default: $AUTOPAR_CACHE_DIR or "
                         "~/.cache/autopar/profile.json)")
@@ -160,7 +162,8 @@ def _cmd_run(args) -> int:
         raise AutoparError(f"autopar run {args.job}: add --local to run the job on this machine; on a cluster, "
                            f"`kubectl apply -f {args.job}` with the autopar operator installed")
     doc, status = run_job(args.job, run_dir=args.run_dir, compare=args.compare, profile_cache=args.profile_cache,
-                          recalibrate=args.recalibrate, profile=not args.no_profile, metrics_port=args.metrics_port)
+                          recalibrate=args.recalibrate, profile=not args.no_profile, metrics_port=args.metrics_port,
+                          resume=args.resume)
     if args.json:
         emit_json(doc)
     else:

@@ -11,6 +11,7 @@ planner settings and trained for the job's steps with checkpoints.  Everything g
 directory::
 
     job.yaml               the manifest with every default written out
+    topology.yaml          this machine as the planner saw it (one device per worker process)
     plan.yaml              the plan file (autopar train --strategy reads it)
     plan.png               the plan and its simulated timeline
     simulated-trace.json   the simulated step, Chrome trace-event JSON (ui.perfetto.dev)
@@ -21,7 +22,7 @@ directory::
     checkpoints/           strategy-independent checkpoints (any plan resumes from them)
 
 Ctrl-C while training stops the ranks after their current step and writes a checkpoint there;
-the report says where, and ``autopar train --resume`` continues from it.
+``autopar run JOB.yaml --local --resume RUN_DIR`` trains the same plan on from it.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ import yaml
 from autopar.planner.fileio import atomic_write
 
 from . import pipeline
-from .spec import load_job
+from .spec import JobSpecError, load_job
 
 RUNS_DIR = "autopar-runs"
 
@@ -54,11 +55,11 @@ class _Ui:
 
     def step(self, text: str) -> None:
         if self.enabled:
-            self.console.print(f"[bold]▸ {text}[/bold]" if self.live else f"autopar: {text}")
+            self.console.print(f"[bold]▸ {text}[/bold]" if self.live else f"autopar: {text}", soft_wrap=not self.live)
 
     def note(self, text: str) -> None:
         if self.enabled:
-            self.console.print(f"  [dim]{text}[/dim]" if self.live else f"  {text}")
+            self.console.print(f"  [dim]{text}[/dim]" if self.live else f"  {text}", soft_wrap=not self.live)
 
     def bar(self, label: str):
         """A context manager yielding ``update(done, total, what)``."""
@@ -89,29 +90,44 @@ class _Ui:
 
 def run_job(path: str | Path, *, run_dir: str | Path | None = None, compare: bool = False,
             profile_cache: str | Path | None = None, recalibrate: bool = False, profile: bool = True,
-            metrics_port: int | None = None, progress: bool = True) -> tuple[dict[str, Any], int]:
-    """Run the job of manifest `path` here; returns (report, exit status: 0, or 130 when stopped)."""
+            metrics_port: int | None = None, progress: bool = True,
+            resume: str | Path | None = None) -> tuple[dict[str, Any], int]:
+    """Run the job of manifest `path` here; returns (report, exit status: 0, or 130 when stopped).
+
+    `resume`: the run directory of an earlier run of this job that stopped; its plan is trained
+    on from its latest checkpoint (no profiling, no search) and its report is rewritten."""
     from autopar.planner.cost import CostModel, ProfileCache, default_cache_path
 
     ui = _Ui(progress)
     started = time.perf_counter()
     seconds: dict[str, float] = {}
     job = load_job(path)
-    prepared = pipeline.validate(job, Path(path).parent)
+    try:
+        prepared = pipeline.validate(job, Path(path).parent)
+    except JobSpecError as e:
+        raise JobSpecError(f"{path}: {e}") from e
     topology = pipeline.local_topology(prepared)
     ui.step(f"{job.name}: {prepared.graph.summary().splitlines()[0]}")
     ui.note(f"devices: {prepared.world} worker processes on this machine ({topology.name})")
-    run = _new_run_dir(run_dir, job.name)
-    files: dict[str, str] = {"run_dir": str(run)}
-    atomic_write(run / "job.yaml", lambda f: yaml.safe_dump(job.to_manifest(), f, sort_keys=False))
-    files["job"] = "job.yaml"
+    if resume is not None:
+        run = _resumable_run(Path(resume), job, prepared, topology)
+        files: dict[str, str] = {"run_dir": str(run), "job": "job.yaml", "topology": "topology.yaml"}
+    else:
+        run = _new_run_dir(run_dir, job.name)
+        files = {"run_dir": str(run)}
+        atomic_write(run / "job.yaml", lambda f: yaml.safe_dump(job.to_manifest(), f, sort_keys=False))
+        files["job"] = "job.yaml"
+        from autopar.planner.hardware import save_topology
+        save_topology(topology, run / "topology.yaml")
+        files["topology"] = "topology.yaml"
 
     cache_path = Path(profile_cache) if profile_cache else default_cache_path()
     cache = ProfileCache.load(cache_path)
     outcome = None
     trained = None
+    calibration = None
     try:
-        if profile:
+        if profile and resume is None:
             t0 = time.perf_counter()
             ui.step(f"profiling {job.spec.model.name} for {topology.name} (cache {cache_path})")
             with ui.bar("profiling ops") as update:
@@ -119,33 +135,39 @@ def run_job(path: str | Path, *, run_dir: str | Path | None = None, compare: boo
                                         on_task=lambda i, n, op: update(i, n, op),
                                         on_message=lambda m: ui.note(f"calibrating: {m}"))
             seconds["profile"] = round(time.perf_counter() - t0, 1)
+            calibration = done["calibration"]
             ui.note(f"{done['measured']} task shapes measured, {done['cached']} already cached; calibration "
                     f"{done['calibration']['status']}")
         cost = CostModel(cache).bind(prepared.graph)
 
         t0 = time.perf_counter()
         settings = job.spec.planner
-        ui.step(f"planning ({settings.algorithm}" + (f", budget {settings.budget_seconds:g} s)"
-                                                     if settings.algorithm in ("auto", "mcmc") else ")"))
-        outcome = pipeline.make_plan(prepared, topology, cost, progress=ui.live)
-        plan_path = pipeline.write_plan(outcome, run / "plan.yaml", prepared, topology)
-        files["plan"] = plan_path.name
-        pipeline.simulated_artifacts(prepared, topology, cost, outcome.strategy, trace=run / "simulated-trace.json",
-                                     picture=run / "plan.png")
-        files.update(simulated_trace="simulated-trace.json", picture="plan.png")
-        seconds["plan"] = round(time.perf_counter() - t0, 1)
+        if resume is not None:
+            ui.step(f"resuming {run} from its latest checkpoint")
+            outcome = pipeline.recorded_plan(prepared, topology, run / "plan.yaml")
+            plan_path = run / "plan.yaml"
+        else:
+            ui.step(f"planning ({settings.algorithm}" + (f", budget {settings.budget_seconds:g} s)"
+                                                         if settings.algorithm in ("auto", "mcmc") else ")"))
+            outcome = pipeline.make_plan(prepared, topology, cost, progress=ui.live)
+            plan_path = pipeline.write_plan(outcome, run / "plan.yaml", prepared, topology)
+            pipeline.simulated_artifacts(prepared, topology, cost, outcome.strategy,
+                                         trace=run / "simulated-trace.json", picture=run / "plan.png")
+            seconds["plan"] = round(time.perf_counter() - t0, 1)
+        files.update(plan=plan_path.name, simulated_trace="simulated-trace.json", picture="plan.png")
         ui.note(_plan_line(outcome))
 
         from autopar.trainer import train_main
         t0 = time.perf_counter()
         ui.step(f"training {outcome.strategy.name!r} for {job.spec.training.steps} steps on {prepared.world} ranks")
-        ckpt_dir = prepared.path(job.spec.checkpoint.path) if job.spec.checkpoint.path else run / "checkpoints"
+        ckpt_dir = _checkpoint_dir(prepared, run)
+        trace = run / "measured-trace.json" if job.spec.training.steps > 2 and resume is None else None
         trained = train_main(**pipeline.train_config(
             prepared, str(plan_path), topology=topology.name, checkpoint_dir=str(ckpt_dir),
-            profile_cache=str(cache_path), trace=str(run / "measured-trace.json") if job.spec.training.steps > 2
-            else None, progress=ui.live, metrics_port=metrics_port))
+            profile_cache=str(cache_path), trace=str(trace) if trace else None, progress=ui.live,
+            metrics_port=metrics_port, resume=resume is not None))
         seconds["train"] = round(time.perf_counter() - t0, 1)
-        if trained.get("trace"):
+        if trained.get("trace") or (run / "measured-trace.json").exists():
             files["measured_trace"] = "measured-trace.json"
         files["checkpoints"] = str(ckpt_dir)
         stopped = bool(trained.get("stopped_at_step"))
@@ -162,9 +184,9 @@ def run_job(path: str | Path, *, run_dir: str | Path | None = None, compare: boo
         seconds["total"] = round(time.perf_counter() - started, 1)
         phase = "Stopped" if stopped else "Succeeded"
         doc = pipeline.report(prepared, topology, outcome, trained, compare=dp, phase=phase, files=files,
-                              seconds=seconds,
-                              message="stopped by Ctrl-C; `autopar train --resume` continues from the checkpoint"
-                              if stopped else None)
+                              seconds=seconds, calibration=calibration,
+                              message=f"stopped by Ctrl-C; `autopar run {path} --local --resume {run}` continues "
+                                      "from the checkpoint" if stopped else None)
         _write_outputs(run, doc, trained, files)
         return doc, 130 if stopped else 0
     except BaseException as e:
@@ -180,9 +202,29 @@ def run_job(path: str | Path, *, run_dir: str | Path | None = None, compare: boo
         raise
 
 
+def _checkpoint_dir(prepared: pipeline.Prepared, run: Path) -> Path:
+    path = prepared.job.spec.checkpoint.path
+    return prepared.path(path) if path else run / "checkpoints"
+
+
+def _resumable_run(run: Path, job, prepared: pipeline.Prepared, topology) -> Path:
+    """`run` when it is a run directory of this very job spec with a plan and a checkpoint."""
+    from .spec import parse_job
+    if not (run / "job.yaml").is_file() or not (run / "plan.yaml").is_file():
+        raise JobSpecError(f"--resume {run}: not a run directory of `autopar run` (no job.yaml and plan.yaml)")
+    earlier = parse_job(yaml.safe_load((run / "job.yaml").read_text()), source=str(run / "job.yaml"))
+    if earlier.spec != job.spec:
+        raise JobSpecError(f"--resume {run}: that run was made for another spec of the job (compare "
+                           f"{run / 'job.yaml'} with the manifest); start a new run instead")
+    from autopar.trainer.checkpoint import latest
+    ckpt = _checkpoint_dir(prepared, run)
+    if latest(ckpt) is None:
+        raise JobSpecError(f"--resume {run}: no checkpoint in {ckpt} to continue from; start a new run instead")
+    return run
+
+
 def _new_run_dir(run_dir: str | Path | None, name: str) -> Path:
     """`run_dir` (refused when it holds files), or a fresh ``autopar-runs/<job>-<UTC time>``."""
-    from .spec import JobSpecError
     if run_dir is not None:
         p = Path(run_dir)
         if p.exists() and (not p.is_dir() or any(p.iterdir())):
@@ -244,9 +286,12 @@ def _ms(s: float | None) -> str:
 def format_report(doc: dict[str, Any]) -> str:
     """The short human report `autopar run` prints (the JSON has the same numbers)."""
     lines = [f"{doc['job']}: {doc['model']} on {doc['topology']} ({doc['devices']} worker processes) — {doc['phase']}"]
-    lines.append(f"  plan        {doc['strategy']!r} ({doc['algorithm']}): simulated {_ms(doc['predicted_step_s'])}"
+    how = doc["algorithm"] if doc.get("found_by") in (None, doc["algorithm"]) else f"{doc['algorithm']}: {doc['found_by']}"
+    lines.append(f"  plan        {doc['strategy']!r} ({how}): simulated {_ms(doc['predicted_step_s'])}"
                  + (f" vs data parallelism {_ms(doc['data_parallel_predicted_step_s'])}: "
-                    f"{doc['predicted_speedup']:.2f}× faster (simulated)" if doc.get("predicted_speedup") else ""))
+                    + (f"{doc['predicted_speedup']:.2f}× faster (simulated)" if doc["predicted_speedup"] >= 1.005
+                       else f"{doc['predicted_speedup']:.2f}×")
+                    if doc.get("predicted_speedup") else ""))
     if doc.get("measured_step_s"):
         spread = (f"p10 {_ms(doc['measured_p10_s'])}, p90 {_ms(doc['measured_p90_s'])}"
                   + (f", ±{100 * doc['measured_cv']:.1f} %" if doc.get("measured_cv") is not None else ""))

@@ -127,7 +127,7 @@ def _import_graph(name: str, opts: dict[str, Any], dtype: str | None) -> Operato
 
     from autopar.planner.ir import import_spec
     from autopar.planner.zoo import load_model
-    from autopar.trainer.train import with_dtype
+    from autopar.planner.zoo import with_dtype
     try:
         with torch.device("meta"):
             spec = load_model(name, **opts)
@@ -206,7 +206,7 @@ def make_plan(prepared: Prepared, topology: DeviceTopology, cost, *, progress: b
                       max_proposals=settings.max_proposals, use_optcnn=settings.algorithm == "auto",
                       progress=progress)
         dp = result.candidates.get("data-parallel")
-        notes = [result.note] if result.note else []
+        notes = ([result.note] if result.note else []) + list(getattr(getattr(dp, "strategy", None), "notes", ()))
         return PlanOutcome(result.strategy, settings.algorithm, result.step_time, dp.step_time if dp else None,
                            time.perf_counter() - t0, result, notes)
     builder = TaskGraphBuilder(graph, topology, cost, optimizer)
@@ -216,7 +216,21 @@ def make_plan(prepared: Prepared, topology: DeviceTopology, cost, *, progress: b
         strategy = named_strategy(settings.algorithm, graph, topology)
     res, _, _ = simulate_strategy(builder, strategy)
     dp_res, _, _ = simulate_strategy(builder, named_strategy("data-parallel", graph, topology))
-    return PlanOutcome(strategy, settings.algorithm, res.step_time, dp_res.step_time, time.perf_counter() - t0)
+    return PlanOutcome(strategy, settings.algorithm, res.step_time, dp_res.step_time, time.perf_counter() - t0,
+                       notes=list(strategy.notes))
+
+
+def recorded_plan(prepared: Prepared, topology: DeviceTopology, path: str | Path) -> PlanOutcome:
+    """The plan of a plan file with the predictions recorded in it (a resumed run trains it on)."""
+    from autopar.planner.plan_file import load_plan, read_plan
+    try:
+        strategy = load_plan(path, prepared.graph, topology)
+    except AutoparError as e:
+        raise JobSpecError(f"{path}: {e}") from e
+    predicted = read_plan(path).predicted
+    baselines = predicted.get("baselines") or {}
+    return PlanOutcome(strategy, prepared.job.spec.planner.algorithm, float(predicted.get("stepSeconds") or 0.0),
+                       baselines.get("data-parallel"), 0.0)
 
 
 def _pinned(prepared: Prepared, topology: DeviceTopology, plan_text: str | None) -> Strategy:
@@ -242,7 +256,7 @@ def write_plan(outcome: PlanOutcome, path: str | Path, prepared: Prepared, topol
     baselines = None if outcome.result is not None else {"data-parallel": outcome.data_parallel_step_s}
     return save_plan(what, path, prepared.graph, topology,
                      predicted_step_s=None if outcome.result is not None else outcome.predicted_step_s,
-                     baselines=baselines)
+                     baselines=baselines, model_options=prepared.options)
 
 
 def simulated_artifacts(prepared: Prepared, topology: DeviceTopology, cost, strategy: Strategy, *,
@@ -287,7 +301,8 @@ def train_config(prepared: Prepared, strategy: str, *, topology: str, checkpoint
 
 def report(prepared: Prepared, topology: DeviceTopology, outcome: PlanOutcome, trained: dict | None, *,
            compare: dict | None = None, phase: str = "Succeeded", message: str | None = None,
-           files: dict[str, str] | None = None, seconds: dict[str, float] | None = None) -> dict[str, Any]:
+           files: dict[str, str] | None = None, seconds: dict[str, float] | None = None,
+           calibration: dict[str, Any] | None = None) -> dict[str, Any]:
     """The job's report (what `autopar run --json` prints and the job's status carries)."""
     measured = trained.get("measured_step_s") if trained else None
     doc: dict[str, Any] = {
@@ -296,6 +311,7 @@ def report(prepared: Prepared, topology: DeviceTopology, outcome: PlanOutcome, t
         "model": prepared.graph.name, "model_ref": prepared.job.spec.model.name,
         "topology": topology.name, "devices": topology.num_devices,
         "algorithm": outcome.algorithm, "strategy": outcome.strategy.name,
+        "found_by": outcome.result.source if outcome.result is not None else outcome.algorithm,
         "predicted_step_s": outcome.predicted_step_s,
         "data_parallel_predicted_step_s": outcome.data_parallel_step_s,
         "predicted_speedup": outcome.predicted_speedup,
@@ -305,10 +321,12 @@ def report(prepared: Prepared, topology: DeviceTopology, outcome: PlanOutcome, t
         "prediction_error": (outcome.predicted_step_s / measured - 1.0) if measured else None,
         "steps": trained.get("steps") if trained else None,
         "stopped_at_step": trained.get("stopped_at_step") if trained else None,
+        "resumed_from_step": trained.get("resumed_from_step") if trained else None,
         "final_loss": trained.get("final_loss") if trained else None,
         "samples_per_second": trained.get("samples_per_second") if trained else None,
         "checkpoints": trained.get("checkpoints", []) if trained else [],
         "notes": list(outcome.notes),
+        "calibration": calibration,
     }
     if compare is not None:
         dp = compare.get("measured_step_s")

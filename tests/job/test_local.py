@@ -125,10 +125,20 @@ def test_ctrl_c_stops_after_a_step_and_leaves_a_checkpoint_to_resume_from(tmp_pa
     state = torch.load(ckpt if ckpt.is_absolute() else tmp_path / ckpt, weights_only=False)
     assert state["step"] == doc["stopped_at_step"]
     assert json.loads((tmp_path / "run" / "report.json").read_text())["phase"] == "Stopped"
-    # `autopar train --resume` continues from it
-    resumed = subprocess.run([*AUTOPAR, "train", "--model", "lenet", "-o", "image=12", "-o", "batch=8",
-                              "--strategy", "data-parallel", "--nproc", "2", "--steps", str(doc["stopped_at_step"] + 2),
-                              "--checkpoint-dir", str(ckpt.parent), "--resume", "--json"],
-                             cwd=tmp_path, env=_env(tmp_path), text=True, capture_output=True, timeout=180)
+    assert f"--resume {Path('run')}" in doc["message"] or "--resume run" in doc["message"]
+    # `autopar run --resume RUN_DIR` trains the same plan on from that checkpoint
+    resumed = subprocess.run([*AUTOPAR, "run", str(job), "--local", "--no-profile", "--resume", "run", "--json"],
+                             cwd=tmp_path, env=_env(tmp_path), text=True, capture_output=True, timeout=400)
     assert resumed.returncode == 0, resumed.stderr
-    assert json.loads(resumed.stdout)["resumed_from_step"] == doc["stopped_at_step"]
+    again = json.loads(resumed.stdout)
+    assert again["phase"] == "Succeeded" and again["resumed_from_step"] == doc["stopped_at_step"]
+    assert again["strategy"] == doc["strategy"] and again["predicted_step_s"] == pytest.approx(doc["predicted_step_s"])
+    assert torch.load(tmp_path / again["checkpoints"][-1], weights_only=False)["step"] == 400
+
+
+def test_resume_refuses_a_run_of_another_spec(tmp_path):
+    job = _manifest(tmp_path, steps=2, planner={"algorithm": "data-parallel"})
+    assert _run(tmp_path, job, "--local", "--no-profile", "--run-dir", "run").returncode == 0
+    other = _manifest(tmp_path, steps=3, planner={"algorithm": "data-parallel"})
+    out = _run(tmp_path, other, "--local", "--no-profile", "--resume", "run", timeout=60)
+    assert out.returncode == 2 and "that run was made for another spec of the job" in out.stderr

@@ -135,3 +135,12 @@ def test_load_job_picks_the_job_of_a_multi_document_file(tmp_path):
     p.write_text(yaml.safe_dump_all([other, other]))
     with pytest.raises(JobSpecError, match="expected one ParallelTrainingJob document, found 0"):
         load_job(p)
+
+
+def test_docs_describe_every_field_of_the_spec():
+    from autopar.job import crd
+    spec = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    text = (ROOT / "docs" / "job.md").read_text()
+    fields = [f"{section}.{name}" for section, node in spec.items() for name in node.get("properties", {})]
+    missing = [f for f in fields if f"`{f}`" not in text]
+    assert not missing, f"docs/job.md does not describe: {', '.join(missing)}"
