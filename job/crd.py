@@ -57,6 +57,7 @@ PRINTER_COLUMNS = [
 def crd() -> dict[str, Any]:
     """The CustomResourceDefinition as a dict (apiextensions.k8s.io/v1)."""
     spec = structural(JobSpec.model_json_schema(by_alias=True, mode="validation"))
+    _section_defaults(spec)
     _immutable_except_suspend(spec)
     status = structural(JobStatus.model_json_schema(by_alias=True, mode="serialization"))
     return {
@@ -141,10 +142,18 @@ def structural(schema: dict[str, Any]) -> dict[str, Any]:
     for field, prop in root.get("properties", {}).items():
         if field in RULES:
             prop["x-kubernetes-validations"] = copy.deepcopy(RULES[field])
-        if prop.get("type") == "object" and field not in root.get("required", []):
-            # Defaulted sections exist on every stored object, so rules over them always run.
-            prop["default"] = {}
     return root
+
+
+def _section_defaults(spec: dict[str, Any]) -> None:
+    """Every optional section of the spec defaults to the models' defaults, written out whole: the
+    API server checks a default against the section's CEL rules as it is (without the defaults of
+    the fields inside it), and a section that always exists keeps the transition rules running."""
+    defaults = JobSpec.model_validate({"model": {"name": "x"}}).model_dump(by_alias=True, exclude_none=True,
+                                                                          mode="json")
+    for field, prop in spec["properties"].items():
+        if field not in spec.get("required", []) and prop.get("type") == "object":
+            prop["default"] = defaults[field]
 
 
 def _immutable_except_suspend(spec: dict[str, Any]) -> None:

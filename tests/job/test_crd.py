@@ -81,7 +81,8 @@ def test_defaults_are_the_models_defaults():
             assert props[name].get("default") == value, f"spec.{section}.{name}: CRD default differs from the model"
     assert spec["required"] == ["model"]
     for section in ("training", "data", "devices", "planner", "checkpoint", "runPolicy"):
-        assert spec["properties"][section]["default"] == {}
+        assert spec["properties"][section]["default"] == {k: v for k, v in model_default[section].items()
+                                                          if v is not None}
 
 
 def test_enums_and_ranges_come_from_the_model():
