@@ -279,7 +279,19 @@ class ParallelTrainingJob(BaseModel):
                 "metadata": self.metadata.model_dump(exclude_defaults=False, exclude={"labels", "annotations"}
                                                      if not (self.metadata.labels or self.metadata.annotations)
                                                      else set()),
-                "spec": self.spec.model_dump(by_alias=True, exclude_none=True, mode="json")}
+                "spec": _without_empty(self.spec.model_dump(by_alias=True, exclude_none=True, mode="json"))}
+
+
+def _without_empty(doc: dict[str, Any]) -> dict[str, Any]:
+    """`doc` without empty maps and lists below its top level, as the API server stores it (it
+    defaults neither)."""
+    out = {}
+    for k, v in doc.items():
+        if isinstance(v, dict):
+            v = _without_empty(v)
+        if v != {} and v != []:
+            out[k] = v
+    return out
 
 
 # -- reading manifests ---------------------------------------------------------------------------
