@@ -111,7 +111,7 @@ def structural(schema: dict[str, Any]) -> dict[str, Any]:
             if len(real) != 1 or len(node["anyOf"]) != 2:
                 raise ValueError(f"cannot express anyOf {node['anyOf']} in a structural schema")
             out = {**conv(real[0]), "nullable": True}
-            out.update({k: node[k] for k in ("description",) if k in node})
+            out.update({k: v for k, v in node.items() if k == "description" or k.startswith("x-kubernetes-")})
             if node.get("default") is not None:
                 out["default"] = node["default"]
             return out

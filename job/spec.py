@@ -233,7 +233,13 @@ class JobStatus(_Spec):
     devices: str | None = Field(default=None, description="e.g. '8x H100-SXM5-80GB' or '2x local'.")
     strategy: str | None = Field(default=None, description="The plan being trained.")
     plan_config_map: str | None = None
+    plan_hash: str | None = Field(default=None, description="Hash of the plan file the trainers run.")
+    algorithm: str | None = Field(default=None, description="How the plan was found.")
+    search_seconds: float | None = Field(default=None, description="Wall time of the plan search.")
     topology_fingerprint: str | None = None
+    topology: dict[str, Any] | None = Field(default=None, json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+                                            description="Summary of the discovered topology: nodes, GPUs, "
+                                                        "products, unknown products, NVLink cliques, blocks.")
     simulated_step: str | None = Field(default=None, description="Simulated step time of the plan, for display.")
     actual_step: str | None = Field(default=None, description="Median measured step time, for display.")
     predicted_speedup: str | None = Field(default=None, description="Simulated speedup over data parallelism.")
@@ -243,6 +249,7 @@ class JobStatus(_Spec):
     prediction_error: float | None = None
     completed_steps: int | None = None
     restarts: int | None = None
+    replans: int | None = None
     observed_generation: int | None = None
     start_time: str | None = Field(default=None, json_schema_extra={"format": "date-time"})
     completion_time: str | None = Field(default=None, json_schema_extra={"format": "date-time"})
