@@ -57,7 +57,8 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="plan with what the profile cache holds (ops not in it are estimated analytically)")
     r.add_argument("--recalibrate", action="store_true", help="measure the runtime calibration of local:N again")
     r.add_argument("--metrics-port", type=int, metavar="P", help="serve the trainer's Prometheus metrics on P")
-    r.add_argument("--json", action="store_true", help="the report as JSON on stdout (progress stays on stderr)")
+    r.add_argument("--json", action="store_true",
+                   help="the report as JSON on stdout (progress and the short report go to stderr)")
     r.set_defaults(func=_cmd_run)
 
     c = sub.add_parser("crd", help="print the ParallelTrainingJob CustomResourceDefinition (YAML)",
@@ -165,6 +166,7 @@ def _cmd_run(args) -> int:
                           recalibrate=args.recalibrate, profile=not args.no_profile, metrics_port=args.metrics_port,
                           resume=args.resume)
     if args.json:
+        print(format_report(doc), file=sys.stderr)   # people read stderr; programs read the JSON
         emit_json(doc)
     else:
         print(format_report(doc))
