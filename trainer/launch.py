@@ -23,6 +23,11 @@ others `grace` seconds to fail on their broken connections (gloo raises as soon 
 closes; every collective also has the process-group `timeout`), then terminates the rest and
 raises `RankFailedError` naming the rank that failed first — the one that died without a Python
 exception or raised something other than a communication error.
+
+With ``graceful=True`` (ranks that handle a stop, `trainer.train._StopRequest`) the first Ctrl-C or
+SIGTERM the parent gets is forwarded to every rank as that same signal, and the ranks get
+`STOP_SECONDS` to finish their step, checkpoint and exit; a second one stops them at once.  (A pod
+is stopped with SIGTERM; a terminal's Ctrl-C reaches every process of its group anyway.)
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import os
 import signal
 import socket
 import tempfile
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -45,7 +51,7 @@ from .errors import RankFailedError, TrainerConfigError
 
 #: Seconds the surviving ranks get to exit on their own once one rank has failed.
 GRACE_SECONDS = 10.0
-#: Seconds ranks that handle Ctrl-C get to finish their step and checkpoint before they are killed.
+#: Seconds ranks that handle Ctrl-C or SIGTERM get to finish their step and checkpoint before they are killed.
 STOP_SECONDS = 120.0
 DEFAULT_TIMEOUT = 300.0
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -155,12 +161,42 @@ def run_local(fn: Callable, nproc: int, args: Sequence[Any] = (), *, backend: st
     `fn` and `args` are pickled to the ranks (``forkserver`` for gloo, ``spawn`` for NCCL; see the
     module docstring), so `fn` must be a module-level function.  ``start_method="fork"`` is faster
     still, but only safe in a process that has not run autograd since it entered a fake-tensor mode.
+
+    `graceful`: the ranks handle SIGINT and SIGTERM themselves (finish the step, checkpoint, stop);
+    the parent forwards the first of either it gets to them (it handles SIGTERM while the ranks run,
+    from the main thread; the previous handler is back when this returns), and a second one, or
+    ranks still running `STOP_SECONDS` later, end the job (KeyboardInterrupt).  Without it, Ctrl-C
+    kills the ranks and SIGTERM keeps its usual meaning.
     """
     if nproc < 1:
         raise TrainerConfigError(f"--nproc must be at least 1, got {nproc}")
     ctx = mp.get_context(start_method or _default_start_method(backend))
     port = free_port()
     env = dict(os.environ)
+    terms: list[int] = []           # SIGTERMs the parent got (graceful: handled in the loop below)
+    old_term = _NOT_SET
+    if graceful and threading.current_thread() is threading.main_thread():
+        old_term = signal.signal(signal.SIGTERM, lambda signum, frame: terms.append(signum))
+    try:
+        return _run_ranks(ctx, fn, nproc, args, port, backend, timeout, env, grace, graceful, terms)
+    finally:
+        if old_term is not _NOT_SET:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if old_term is None else old_term)
+
+
+_NOT_SET = object()
+
+
+def _forward(procs: list, signum: int) -> None:
+    for p in procs:
+        try:
+            os.kill(p.pid, signum)
+        except ProcessLookupError:
+            pass
+
+
+def _run_ranks(ctx, fn: Callable, nproc: int, args: Sequence[Any], port: int, backend: str, timeout: float,
+               env: dict[str, str], grace: float, graceful: bool, terms: list[int]) -> list[Any]:
     with tempfile.TemporaryDirectory(prefix="autopar-ranks-") as out_dir:
         procs = [ctx.Process(target=_worker, args=(r, fn, nproc, port, backend, timeout, out_dir, tuple(args), env),
                              name=f"autopar-rank{r}", daemon=False) for r in range(nproc)]
@@ -180,7 +216,10 @@ def run_local(fn: Callable, nproc: int, args: Sequence[Any] = (), *, backend: st
                     break
                 if failed_at is not None and time.monotonic() - failed_at > grace:
                     for p in alive:
-                        p.terminate()
+                        if graceful:     # such ranks note a SIGTERM and go on: end them outright
+                            p.kill()
+                        else:
+                            p.terminate()
                     for p in alive:
                         p.join(5)
                         if p.exitcode is None:
@@ -193,11 +232,13 @@ def run_local(fn: Callable, nproc: int, args: Sequence[Any] = (), *, backend: st
                     if not graceful or interrupted_at is not None:
                         raise
                     interrupted_at = time.monotonic()
-                    for p in alive:
-                        try:
-                            os.kill(p.pid, signal.SIGINT)
-                        except ProcessLookupError:
-                            pass
+                    _forward(alive, signal.SIGINT)
+                if terms:       # SIGTERM to the parent (a pod being stopped): the same as Ctrl-C
+                    terms.clear()
+                    if interrupted_at is not None:
+                        raise KeyboardInterrupt
+                    interrupted_at = time.monotonic()
+                    _forward(alive, signal.SIGTERM)
         except BaseException:
             for p in procs:
                 if p.exitcode is None:

@@ -8,12 +8,14 @@
 - ``autopar_trainer_loss`` and ``autopar_trainer_samples_per_second`` — gauges of the last step;
 - ``autopar_trainer_predicted_step_seconds`` — the plan's simulated step time, for comparison.
 
-``--metrics-port P`` serves them over HTTP (``prometheus_client.start_http_server``); port 0 picks
-a free port, which `port` reports.
+``--metrics-port P`` serves them over HTTP (``prometheus_client.start_http_server``) on
+``--metrics-addr`` (default ``$AUTOPAR_METRICS_ADDR``, else 127.0.0.1: a pod sets 0.0.0.0 so that
+its Service reaches the port); port 0 picks a free port, which `port` reports.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -21,9 +23,19 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 # Step times on this machine range from milliseconds (small models) to tens of seconds.
 _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
+#: The address the metrics server binds when no --metrics-addr is given (a pod sets 0.0.0.0).
+ADDR_ENV = "AUTOPAR_METRICS_ADDR"
+DEFAULT_ADDR = "127.0.0.1"
+
+
+def default_addr() -> str:
+    """``$AUTOPAR_METRICS_ADDR`` when set (and not empty), else 127.0.0.1 (this machine only)."""
+    return os.environ.get(ADDR_ENV, "").strip() or DEFAULT_ADDR
+
 
 class StepMetrics:
-    def __init__(self, model: str, strategy: str, predicted: float | None = None, port: int | None = None):
+    def __init__(self, model: str, strategy: str, predicted: float | None = None, port: int | None = None,
+                 addr: str | None = None):
         self.registry = CollectorRegistry()
         labels = {"model": model, "strategy": strategy}
         names = list(labels)
@@ -39,9 +51,11 @@ class StepMetrics:
         if predicted is not None:
             predicted_g.set(predicted)
         self.port: int | None = None
+        self.addr: str | None = None
         self._server = None
         if port is not None:
-            server, _thread = start_http_server(port, addr="127.0.0.1", registry=self.registry)
+            self.addr = addr or default_addr()
+            server, _thread = start_http_server(port, addr=self.addr, registry=self.registry)
             self._server = server
             self.port = server.server_address[1]
         self.times: list[float] = []

@@ -4,6 +4,8 @@
     autopar train --model rnnlm -o vocab=8192 --strategy plan.yaml --nproc 2 --steps 50 \\
         --checkpoint-dir ckpt --checkpoint-every 10 --metrics-port 9100
     torchrun --nproc-per-node 2 -m autopar.cli train --model lenet --strategy data-parallel --steps 10
+    torchrun ... -m autopar.cli train ... --checkpoint-dir /ckpt --resume-if-present --checkpoint-final \
+        --metrics-port 9090 --metrics-addr 0.0.0.0          # what a trainer pod runs (operator.resources)
 
 The parent process prepares the job once — builds the model from its seed, imports its operator
 graph, resolves the plan and refuses it before any rank starts when it does not fit
@@ -11,6 +13,12 @@ graph, resolves the plan and refuses it before any rank starts when it does not 
 Each rank runs a `Trainer`: the plan's share of the model (`trainer.runtime`), the optimizer on
 its shards (`trainer.optim`), the data of every step (`trainer.data`), checkpoints
 (`trainer.checkpoint`) and, on rank 0, the metrics (`trainer.metrics`) and the JSON summary.
+
+A graceful stop (`TrainConfig.graceful_stop`, on by default in the CLI) turns SIGINT (Ctrl-C) and
+SIGTERM (what Kubernetes sends a pod, and torchrun forwards to its workers) into "finish this step,
+agree on it with one all-reduce, checkpoint, stop": the summary's ``stopped_at_step`` and
+``stop_signal`` say so, and `exit_status` gives the conventional status of such a run (128 + the
+signal: 130 after Ctrl-C, 143 after SIGTERM).
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import signal
 import sys
 import time
 from contextlib import nullcontext
@@ -62,7 +71,9 @@ class TrainConfig:
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0
     resume: bool = False
+    resume_if_present: bool = False      # resume when checkpoint_dir holds a checkpoint, else start fresh
     metrics_port: int | None = None
+    metrics_addr: str | None = None      # the metrics server's address; None: $AUTOPAR_METRICS_ADDR or 127.0.0.1
     topology: str | None = None          # for plan files and the prediction; default local:<nproc>
     timeout: float = DEFAULT_TIMEOUT
     device: str = "cpu"
@@ -73,7 +84,7 @@ class TrainConfig:
     trace_steps: int = 2                 # how many steps to trace
     trace_from: int = 2                  # the first traced step (1-based); step 1 is the warm-up
     checkpoint_final: bool = False       # also checkpoint after the last step (with checkpoint_dir)
-    graceful_stop: bool = False          # Ctrl-C: finish the step, checkpoint, stop (one all-reduce per step)
+    graceful_stop: bool = False          # SIGINT/SIGTERM: finish the step, checkpoint, stop (one all-reduce per step)
     progress: bool = False               # rank 0 draws a progress bar on stderr instead of a line per step
 
     def __post_init__(self) -> None:
@@ -83,6 +94,13 @@ class TrainConfig:
             raise TrainerConfigError("--checkpoint-every needs --checkpoint-dir (and a positive step count)")
         if self.resume and not self.checkpoint_dir:
             raise TrainerConfigError("--resume needs --checkpoint-dir to find the checkpoint in")
+        if self.resume_if_present and not self.checkpoint_dir:
+            raise TrainerConfigError("--resume-if-present needs --checkpoint-dir to look for a checkpoint in")
+        if self.resume and self.resume_if_present:
+            raise TrainerConfigError("--resume and --resume-if-present: choose one (--resume fails when "
+                                     "--checkpoint-dir holds no checkpoint, --resume-if-present starts fresh)")
+        if self.checkpoint_final and not self.checkpoint_dir:
+            raise TrainerConfigError("--checkpoint-final needs --checkpoint-dir to write the checkpoint to")
         if self.dtype is not None and self.dtype not in _FLOATS:
             raise TrainerConfigError(f"--dtype {self.dtype!r}: choose one of {', '.join(_FLOATS)}")
         if self.trace is not None and self.trace_steps < 1:
@@ -178,6 +196,18 @@ def _maybe_fault(rank: int, step: int) -> None:
             os._exit(17)
 
 
+def resolve_resume(cfg: TrainConfig) -> TrainConfig:
+    """`cfg` with ``--resume-if-present`` decided: resume when `checkpoint.latest` finds a checkpoint
+    in the directory, start fresh otherwise (the summary's ``resumed_from_step`` is None then).
+
+    Decided once, before any rank starts, in the parent of local ranks; under torchrun every rank
+    decides for itself before its first step (`rank_main` then checks that all start at the same step)."""
+    if not cfg.resume_if_present:
+        return cfg
+    found = ckpt.latest(cfg.checkpoint_dir) is not None
+    return dataclasses.replace(cfg, resume=found, resume_if_present=False)
+
+
 def rank_main(rank: int, world: int, job: Job, device_kind: str = "cpu") -> dict | None:
     """The training loop of one rank; rank 0 returns the run's summary."""
     cfg = job.config
@@ -187,16 +217,18 @@ def rank_main(rank: int, world: int, job: Job, device_kind: str = "cpu") -> dict
     if cfg.resume:
         resume_state = ckpt.load(cfg.checkpoint_dir)
     trainer = Trainer(job, rank, world, groups, device, resume_state)
+    if world > 1 and cfg.checkpoint_dir:
+        _check_same_start(trainer, rank)
     metrics = None
     if rank == 0:
-        metrics = StepMetrics(job.graph.name, job.strategy.name, job.predicted, cfg.metrics_port)
+        metrics = StepMetrics(job.graph.name, job.strategy.name, job.predicted, cfg.metrics_port, cfg.metrics_addr)
     start = trainer.step
     tracer = _tracer(cfg, start, device_kind)
     saved = []
     batch = job.graph.batch_size
-    stop = _StopRequest(trainer.world_group) if cfg.graceful_stop else None
+    stop = _StopRequest(trainer.world_group, trainer.device) if cfg.graceful_stop else None
     bar = _ProgressBar(cfg.steps, start) if cfg.progress and rank == 0 else None
-    stopped_at = None
+    stopped_at = stop_signal = None
     try:
         for step in range(start, cfg.steps):
             _maybe_fault(rank, step)
@@ -219,8 +251,8 @@ def rank_main(rank: int, world: int, job: Job, device_kind: str = "cpu") -> dict
                 path = trainer.save(cfg.checkpoint_dir)
                 if path:
                     saved.append(path)
-            if stop is not None and step + 1 < cfg.steps and stop.agreed():
-                stopped_at = step + 1
+            if stop is not None and step + 1 < cfg.steps and (signum := stop.agreed()):
+                stopped_at, stop_signal = step + 1, _signal_name(signum)
                 if cfg.checkpoint_dir and not (cfg.checkpoint_every and stopped_at % cfg.checkpoint_every == 0):
                     path = trainer.save(cfg.checkpoint_dir)
                     if path:
@@ -252,8 +284,8 @@ def rank_main(rank: int, world: int, job: Job, device_kind: str = "cpu") -> dict
             "trace": trace_file,
             "samples_per_second": batch / med if med else None,
             "final_loss": metrics.losses[-1] if metrics.losses else None,
-            "checkpoints": saved, "metrics_port": metrics.port,
-            "stopped_at_step": stopped_at, "warnings": list(job.strategy.notes),
+            "checkpoints": saved, "metrics_port": metrics.port, "metrics_addr": metrics.addr,
+            "stopped_at_step": stopped_at, "stop_signal": stop_signal, "warnings": list(job.strategy.notes),
         }
     finally:
         if bar is not None:
@@ -264,32 +296,77 @@ def rank_main(rank: int, world: int, job: Job, device_kind: str = "cpu") -> dict
             metrics.close()
 
 
+def _check_same_start(trainer: Trainer, rank: int) -> None:
+    """Every rank must start at the same step: under torchrun each rank finds its checkpoint (or
+    none) itself, and a node that does not see the checkpoint directory the others see would
+    otherwise train on from other weights.  One all-reduce (max of the step and of its negation)."""
+    steps = torch.tensor([trainer.step, -trainer.step], dtype=torch.int64, device=trainer.device)
+    dist.all_reduce(steps, op=dist.ReduceOp.MAX, group=trainer.world_group)
+    high, low = int(steps[0]), -int(steps[1])
+    if high != low:
+        raise TrainerConfigError(
+            f"the ranks start at different steps ({low} to {high}; rank {rank} at {trainer.step}): they do not "
+            f"all see the same checkpoint in {trainer.job.config.checkpoint_dir} (a directory every node must share "
+            f"to resume)")
+
+
+#: The signals a graceful stop handles: Ctrl-C, and what Kubernetes sends a pod (torchrun forwards both).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def exit_status(summary: dict | None) -> int:
+    """The exit status of `autopar train` for this summary: 0 when the run finished (or this rank
+    has no summary), else 128 + the number of the signal that stopped it — 130 after Ctrl-C
+    (SIGINT), 143 after SIGTERM — as a shell reports a process killed by that signal."""
+    if not summary or not summary.get("stopped_at_step"):
+        return 0
+    name = summary.get("stop_signal") or "SIGINT"
+    try:
+        return 128 + int(signal.Signals[name])
+    except KeyError:
+        return 128 + int(signal.SIGINT)
+
+
 class _StopRequest:
-    """Ctrl-C in a rank: note it instead of raising, and let all ranks agree to stop after a step.
+    """SIGINT or SIGTERM in a rank: note it instead of dying, and let all ranks agree to stop after a step.
 
-    Every rank installs the handler; at the end of every step the ranks all-reduce (max) whether
-    any of them was interrupted — the terminal sends SIGINT to every process of its foreground
-    group, and `trainer.launch.run_local` forwards it to its ranks when only the parent got it —
-    so all stop after the same step, with the same state, and rank 0 writes the checkpoint."""
+    Every rank installs the handler for both signals; at the end of every step the ranks all-reduce
+    (max) the signal any of them got — the terminal sends SIGINT to every process of its foreground
+    group, torchrun forwards the SIGTERM (or SIGINT) it gets to its workers, and
+    `trainer.launch.run_local` forwards either to its ranks when only the parent got it — so all stop
+    after the same step, with the same state, and rank 0 writes the checkpoint.  The flag is noted
+    on the CPU (a handler must not touch a GPU) and all-reduced on the rank's device (NCCL needs it)."""
 
-    def __init__(self, group) -> None:
-        import signal
-        self.group, self.flag = group, torch.zeros(1)
-        self._old = signal.signal(signal.SIGINT, self._note)
+    def __init__(self, group, device: torch.device | str = "cpu") -> None:
+        self.group, self.device, self.flag = group, torch.device(device), torch.zeros(1)
+        self.stopped = 0      # the signal the ranks agreed on, once they did
+        self._old = {s: signal.signal(s, self._note) for s in STOP_SIGNALS}
 
     def _note(self, signum, frame) -> None:
-        self.flag.fill_(1.0)
+        if signum > self.flag.item():      # SIGTERM (15) outranks SIGINT (2) when both came
+            self.flag.fill_(float(signum))
 
-    def agreed(self) -> bool:
-        total = self.flag.clone()
+    def agreed(self) -> int:
+        """The signal that stops the run after this step (its number), or 0 to go on; a collective."""
+        total = self.flag.to(self.device, copy=True)
         dist.all_reduce(total, op=dist.ReduceOp.MAX, group=self.group)
-        return bool(total.item())
+        self.stopped = int(total.item())
+        return self.stopped
 
     def restore(self) -> None:
-        """After the loop a late Ctrl-C (the parent forwards one) must not turn a finished run into
-        a failed one: ignore it from here on when it was ours to handle."""
-        import signal
-        signal.signal(signal.SIGINT, signal.SIG_IGN if self.flag.item() else self._old)
+        """After the loop a late signal (the parent forwards one) must not turn a finished run into
+        a failed one: ignore both from here on when a stop was ours to handle (this rank got the
+        signal, or the ranks agreed to stop: the signal may still be on its way to this one)."""
+        stopped = bool(self.flag.item() or self.stopped)
+        for s, old in self._old.items():
+            signal.signal(s, signal.SIG_IGN if stopped else signal.SIG_DFL if old is None else old)
 
 
 class _ProgressBar:
@@ -385,6 +462,7 @@ def train_main(args: Any = None, **overrides: Any) -> dict | None:
     backend, kind = pick_backend(cfg.device)
     if under_torchrun():
         rank, world, _ = init_from_env(backend, cfg.timeout)
+        cfg = resolve_resume(cfg)
         try:
             if args is not None and getattr(args, "nproc", None) not in (None, world):
                 raise TrainerConfigError(f"--nproc {args.nproc} but torchrun started {world} ranks; omit --nproc")
@@ -394,6 +472,7 @@ def train_main(args: Any = None, **overrides: Any) -> dict | None:
             return rank_main(rank, world, job, kind)
         finally:
             dist.destroy_process_group()
+    cfg = resolve_resume(cfg)
     job = prepare(cfg, cfg.nproc)
     _warn(job)
     if cfg.log:
@@ -428,7 +507,8 @@ def format_summary(summary: dict) -> str:
     if summary["checkpoints"]:
         lines.append(f"checkpoints: {', '.join(summary['checkpoints'])}")
     if summary.get("stopped_at_step"):
-        lines.append(f"stopped by Ctrl-C after step {summary['stopped_at_step']}"
+        by = "SIGTERM" if summary.get("stop_signal") == "SIGTERM" else "Ctrl-C"
+        lines.append(f"stopped by {by} after step {summary['stopped_at_step']}"
                      + ("; continue with --resume" if summary["checkpoints"] else ""))
     return "\n".join(lines)
 
@@ -448,8 +528,17 @@ def add_train_args(p) -> None:
     p.add_argument("--data", metavar="PATH", help="torch.save'd dict of input and label tensors (default: synthetic)")
     p.add_argument("--checkpoint-dir", metavar="DIR")
     p.add_argument("--checkpoint-every", type=int, default=0, metavar="N", help="write a checkpoint every N steps")
-    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --checkpoint-dir")
-    p.add_argument("--metrics-port", type=int, metavar="P", help="serve Prometheus metrics on 127.0.0.1:P (rank 0)")
+    p.add_argument("--checkpoint-final", action="store_true",
+                   help="also write a checkpoint after the last step (needs --checkpoint-dir)")
+    resume = p.add_mutually_exclusive_group()
+    resume.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --checkpoint-dir")
+    resume.add_argument("--resume-if-present", action="store_true",
+                        help="continue from the latest checkpoint in --checkpoint-dir when there is one, else start "
+                             "at step 0 (the summary's resumed_from_step says which; what a restarted job runs)")
+    p.add_argument("--metrics-port", type=int, metavar="P", help="serve Prometheus metrics on ADDR:P (rank 0)")
+    p.add_argument("--metrics-addr", metavar="ADDR",
+                   help="the address --metrics-port binds (default: $AUTOPAR_METRICS_ADDR, else 127.0.0.1; "
+                        "0.0.0.0 serves every interface, e.g. to a pod's Service)")
     p.add_argument("--topology", "-t", help="topology the plan was made for (default: local:NPROC)")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
                    help="seconds a rank waits for a peer before giving up (process-group timeout)")
