@@ -7,6 +7,7 @@
     autopar profile --model lenet --topology local:2            # measure op times into the cache
     autopar run examples/quickstart.yaml --local                # the whole job: profile, plan, train, report
     autopar crd                                                 # the ParallelTrainingJob CRD (YAML)
+    autopar operator run --namespace ml                         # the Kubernetes operator
     autopar bench simulator --json                              # full vs delta simulation
     autopar models | autopar topologies                         # what can be named
 
@@ -60,6 +61,43 @@ def _build_parser() -> argparse.ArgumentParser:
     r.add_argument("--json", action="store_true",
                    help="the report as JSON on stdout (progress and the short report go to stderr)")
     r.set_defaults(func=_cmd_run)
+
+    op = sub.add_parser("operator", help="the Kubernetes operator, and the commands its pods run",
+                        description="`autopar operator run` runs the operator (kopf): it discovers the topology "
+                                    "of every ParallelTrainingJob from node labels, plans in a planner Job, runs "
+                                    "one trainer pod per node, restarts, re-plans, and exports metrics.")
+    opsub = op.add_subparsers(dest="operator_command", metavar="SUBCOMMAND", required=True)
+    orun = opsub.add_parser("run", help="run the operator until stopped",
+                            description="Watch ParallelTrainingJobs (in --namespace, repeatable; all namespaces "
+                                        "without it) and reconcile them. Serves /metrics, /healthz and /readyz "
+                                        "on --metrics-port.")
+    orun.add_argument("--namespace", "-n", action="append", default=[], help="namespace to watch (repeatable)")
+    orun.add_argument("--kubeconfig", help="kubeconfig (default: in a pod its ServiceAccount, else $KUBECONFIG)")
+    orun.add_argument("--image", help="image of the planner and trainer pods (a job's model.image wins)")
+    orun.add_argument("--profile-cache-claim", metavar="PVC",
+                      help="PersistentVolumeClaim holding the shared profile cache of the planner pods")
+    orun.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="what trainer pods train on")
+    orun.add_argument("--metrics-port", type=int, default=8080, help="port of /metrics, /healthz and /readyz")
+    orun.set_defaults(func=_cmd_operator_run)
+    pp = opsub.add_parser("publish-plan", help="patch a plan file into the job's plan ConfigMap (the planner pod)")
+    pp.add_argument("--plan", required=True, help="the plan file `autopar plan --out` wrote")
+    pp.add_argument("--config-map", required=True, help="the placeholder ConfigMap <job>-plan")
+    pp.add_argument("--namespace", default=None, help="default: the pod's namespace")
+    pp.add_argument("--topology-fingerprint", default=None, help="the topology the plan was made for")
+    pp.add_argument("--kubeconfig", default=None, help="default: in a pod its ServiceAccount, else $KUBECONFIG")
+    pp.add_argument("--json", action="store_true")
+    pp.set_defaults(func=_cmd_publish_plan)
+    rp = opsub.add_parser("report-progress", help="report rank 0's training progress into the job's status (sidecar)")
+    rp.add_argument("--job", required=True, help="the ParallelTrainingJob's name")
+    rp.add_argument("--namespace", default=None, help="default: the pod's namespace")
+    rp.add_argument("--metrics-url", required=True,
+                    help="rank 0's Prometheus endpoint, e.g. http://127.0.0.1:9090/metrics")
+    rp.add_argument("--interval", type=float, default=5.0, help="seconds between scrapes (default 5)")
+    rp.add_argument("--gone-after", type=float, default=60.0,
+                    help="exit 0 once the endpoint has not answered for this many seconds (default 60)")
+    rp.add_argument("--once", action="store_true", help="scrape and report once, then exit")
+    rp.add_argument("--kubeconfig", default=None, help="default: in a pod its ServiceAccount, else $KUBECONFIG")
+    rp.set_defaults(func=_cmd_report_progress)
 
     c = sub.add_parser("crd", help="print the ParallelTrainingJob CustomResourceDefinition (YAML)",
                        description="Print the CRD generated from the job spec models (autopar.job.spec); "
@@ -173,6 +211,26 @@ def _cmd_run(args) -> int:
     return status
 
 
+def _cmd_operator_run(args) -> int:
+    import logging
+
+    from autopar.operator.handlers import run
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    run(namespaces=args.namespace or None, kubeconfig=args.kubeconfig, image=args.image,
+        profile_cache_claim=args.profile_cache_claim, device=args.device, metrics_port=args.metrics_port)
+    return 0
+
+
+def _cmd_publish_plan(args) -> int:
+    from autopar.operator.podside import publish_plan_main
+    return publish_plan_main(args)
+
+
+def _cmd_report_progress(args) -> int:
+    from autopar.operator.podside import report_progress_main
+    return report_progress_main(args)
+
+
 def _cmd_crd(args) -> int:
     from autopar.job import crd, crd_yaml
     from ._common import emit_json
@@ -195,14 +253,16 @@ def _cmd_plan(args) -> int:
 
 def _cmd_train(args) -> int:
     from autopar.trainer import format_summary, train_main
+    from autopar.trainer.train import exit_status
     from ._common import emit_json
     summary = train_main(args)
-    if summary is not None:
-        if args.json:
-            emit_json(summary)
-        else:
-            print(format_summary(summary))
-    return 0
+    if summary is None:
+        return 0
+    if args.json:
+        emit_json(summary)
+    else:
+        print(format_summary(summary))
+    return exit_status(summary)    # 130/143 when stopped by Ctrl-C/SIGTERM (with a checkpoint)
 
 
 def _cmd_profile(args) -> int:

@@ -222,6 +222,7 @@ class Condition(_Spec):
     reason: str | None = None
     message: str | None = None
     last_transition_time: str | None = Field(default=None, json_schema_extra={"format": "date-time"})
+    observed_generation: int | None = None
 
 
 class JobStatus(_Spec):

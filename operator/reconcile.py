@@ -151,6 +151,8 @@ def reconcile(obs: Observed, settings: Settings = Settings()) -> list[Action]:
 
 def _decide(obs: Observed, settings: Settings) -> list[Action]:
     job, status = obs.job, obs.status
+    obs.pods = [p for p in obs.pods if (p.get("metadata", {}).get("labels") or {}).get(r.LABEL_COMPONENT)
+                in (None, "trainer")]      # the trainers only (the planner's pod belongs to its Job)
     phase = status.get("phase") or "Pending"
     policy = job.spec.run_policy
 

@@ -49,14 +49,13 @@ Commands the pods run that `autopar` does not have yet (for the operator to add)
   ``auto`` nor ``pinned`` (``autopar plan`` has no such option yet; `job.pipeline.make_plan` has
   the algorithms).
 
-What the trainer pods assume of `autopar train` that it does not do yet: rank 0's metrics server
-binds 127.0.0.1 (enough for the sidecar; the Service's metrics port needs it to honour
-``AUTOPAR_METRICS_ADDR=0.0.0.0``); the local driver's ``checkpoint_final`` has no option
-(TRAIN_FLAGS); ``--resume`` fails without a checkpoint (so `trainer_pod` resumes only when told or
-after a restart); a graceful stop is on SIGINT, while a pod is stopped with SIGTERM (torchrun
-forwards it).  The operator must create the ServiceAccounts before the pods (admission refuses a
-pod whose ServiceAccount does not exist) and hold every permission its Roles grant (RBAC refuses
-to create a Role that escalates).
+What the trainer pods rely on in `autopar train`: ``AUTOPAR_METRICS_ADDR=0.0.0.0`` makes rank 0's
+metrics reachable through the Service; ``--checkpoint-final`` checkpoints after the last step;
+``--resume-if-present`` (on every restart) resumes when a checkpoint exists and starts fresh
+otherwise; SIGTERM (a pod's stop, forwarded by torchrun) stops the ranks after a step with a
+checkpoint, like Ctrl-C.  The operator must create the ServiceAccounts before the pods (admission
+refuses a pod whose ServiceAccount does not exist) and hold every permission its Roles grant (RBAC
+refuses to create a Role that escalates).
 """
 
 from __future__ import annotations
@@ -517,8 +516,8 @@ TRAIN_FLAGS: dict[str, tuple[str | None, str]] = {
     "data": ("--data", "flag"),
     "checkpoint_dir": ("--checkpoint-dir", "flag"),
     "checkpoint_every": ("--checkpoint-every", "flag"),
-    "checkpoint_final": (None, "no option"),   # `autopar train` has no --checkpoint-final (yet)
-    "resume": ("--resume", "switch"),
+    "checkpoint_final": ("--checkpoint-final", "switch"),
+    "resume": ("--resume-if-present", "switch"),   # a restarted gang resumes when a checkpoint exists
     "topology": ("--topology", "flag"),
     "profile_cache": ("--profile-cache", "flag"),
     "trace": ("--trace", "flag"),
@@ -697,8 +696,14 @@ def trainer_pod(job: ParallelTrainingJob, uid: str, node_rank: int, node_name: s
         pod_spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
             "nodeSelectorTerms": [{"matchExpressions": [
                 {"key": HOSTNAME_LABEL, "operator": "In", "values": [node_name]}]}]}}}
-    if spec.devices.tolerations:
-        pod_spec["tolerations"] = _tolerations(job)
+    tolerations = _tolerations(job)
+    if gpu_resource and not any(t.get("key") == gpu_resource and t.get("operator") == "Exists"
+                                and t.get("effect") in (None, "NoSchedule") for t in tolerations):
+        # GPU nodes are tainted nvidia.com/gpu:NoSchedule (GKE does it; so do most operators);
+        # the ExtendedResourceToleration admission plugin adds this where it is enabled.
+        tolerations.append({"key": gpu_resource, "operator": "Exists", "effect": "NoSchedule"})
+    if tolerations:
+        pod_spec["tolerations"] = tolerations
     if spec.run_policy.scheduler_name:
         pod_spec["schedulerName"] = spec.run_policy.scheduler_name
     if spec.run_policy.priority_class_name:

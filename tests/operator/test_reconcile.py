@@ -96,6 +96,11 @@ class World:
             if only is None or p["metadata"]["name"] == only:
                 p["status"] = {"phase": phase}
 
+    def add_planner_pod(self):
+        """The planner Job's pod, labelled as the job's: it must not count as a trainer."""
+        self.objects[("Pod", "llm-planner-x")] = {"kind": "Pod", "metadata": {
+            "name": "llm-planner-x", "labels": r.labels(self.job, "planner")}, "status": {"phase": "Pending"}}
+
     def run_to_training(self):
         self.step()                       # topology, planner
         self.publish_plan()
@@ -115,12 +120,16 @@ def test_create_to_succeeded():
     assert not w.pods()
     assert [a for a in w.step() if a.verb in ("create", "status")] == []   # the planner runs: nothing to do
     assert w.conflicts == 0
+    w.add_planner_pod()
     w.publish_plan()
     w.step()
     assert w.conditions()["Planned"] == "True" and w.status["simulatedStep"] == "50.0ms"
     assert w.status["predictedSpeedup"] == "1.60x" and w.status["searchSeconds"] == 12.5
     pods = w.pods()
-    assert [p["metadata"]["name"] for p in pods] == ["llm-trainer-0", "llm-trainer-1"]
+    assert [p["metadata"]["name"] for p in pods if "trainer" in p["metadata"]["name"]] == \
+        ["llm-trainer-0", "llm-trainer-1"]
+    w.objects.pop(("Pod", "llm-planner-x"))
+    pods = w.pods()
     assert w.get("Service", "llm-rdzv") and w.status["phase"] == "Training"
     nodes = {p["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
              ["nodeSelectorTerms"][0]["matchExpressions"][0]["values"][0] for p in pods}

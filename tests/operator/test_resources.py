@@ -299,11 +299,12 @@ def test_trainer_args_are_what_the_local_driver_trains():
                                        checkpoint_dir=r.CHECKPOINT_ROOT, metrics_port=r.METRICS_PORT, resume=True))
     gaps = {"nproc",              # torchrun's world size
             "device",             # cuda in a GPU pod
-            "checkpoint_final"}   # no `autopar train` option yet (TRAIN_FLAGS)
+            "resume", "resume_if_present"}   # a pod resumes only when a checkpoint is there
     for field in vars(local):
         if field not in gaps:
             assert getattr(from_cli, field) == getattr(local, field), field
-    assert from_cli.device == "cuda" and from_cli.resume and from_cli.checkpoint_every == 5
+    assert from_cli.device == "cuda" and from_cli.resume_if_present and from_cli.checkpoint_every == 5
+    assert from_cli.checkpoint_final
     assert from_cli.strategy == "/etc/autopar/plan/plan.yaml"
     assert from_cli.topology == "/etc/autopar/topology/topology.yaml"
     assert from_cli.model_options == {"channels": 3, "batch": 16}
@@ -354,7 +355,10 @@ def test_scheduler_and_priority_are_passed_through():
     job = make_job(runPolicy={"schedulerName": "volcano", "priorityClassName": "train-high"})
     spec = r.trainer_pod(job, UID, 0, None, "img")["spec"]
     assert spec["schedulerName"] == "volcano" and spec["priorityClassName"] == "train-high"
-    assert "affinity" not in spec and "nodeSelector" not in spec and "tolerations" not in spec
+    assert "affinity" not in spec and "nodeSelector" not in spec
+    # GPU nodes carry the nvidia.com/gpu:NoSchedule taint: a GPU pod tolerates it, nothing else
+    assert spec["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert "tolerations" not in r.trainer_pod(job, UID, 0, None, "img", gpu_resource=None)["spec"]
     plain = r.trainer_pod(make_job(), UID, 0, None, "img")["spec"]
     assert "schedulerName" not in plain and "priorityClassName" not in plain
 
@@ -389,7 +393,7 @@ def test_restarts_resume_unless_told_otherwise():
     job = make_job()
     assert "--resume" not in r.trainer_pod(job, UID, 0, "n", "img")["spec"]["containers"][0]["args"]
     again = r.trainer_pod(job, UID, 0, "n", "img", restart_count=2)
-    assert "--resume" in again["spec"]["containers"][0]["args"]
+    assert "--resume-if-present" in again["spec"]["containers"][0]["args"]
     assert again["metadata"]["labels"]["autopar.dev/restart"] == "2"
     assert _pod_env(again["spec"]["containers"][0])["AUTOPAR_RESTART_COUNT"] == "2"
     no = r.trainer_pod(job, UID, 0, "n", "img", restart_count=2, resume=False)

@@ -1,0 +1,234 @@
+"""The kopf operator: indexes of what the cluster holds, and one reconcile per job and tick.
+
+    autopar operator run --namespace ml --image ghcr.io/you/autopar:0.1.0 --metrics-port 8080
+
+kopf keeps in-memory indexes (`kopf.index`) of the nodes, of the GPUs pods hold on each node, and
+of the objects each job owns (pods, ConfigMaps, Jobs, Services, found by the ``autopar.dev/job``
+label), so a reconcile lists nothing.  A timer on every ParallelTrainingJob calls
+`operator.reconcile.reconcile` with what the indexes hold and executes its actions through the
+API server (`operator.kube.KubeClient`): creates (a 409 Conflict means already done), deletes
+(background propagation), Events, and the status patch (kopf writes it to ``/status``).  The
+decisions are idempotent, so a restarted operator picks up where the job is.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+
+from autopar.job.spec import GROUP, PLURAL, VERSION, parse_job
+
+from . import resources as r
+from .kube import KubeClient, KubeError, resource_path
+from .metrics import OperatorMetrics
+from .reconcile import Action, Observed, Settings, reconcile
+
+TICK_SECONDS = 1.0
+#: kind -> (API group, version, plural) of what the operator creates
+KINDS = {
+    "ConfigMap": ("", "v1", "configmaps"), "Pod": ("", "v1", "pods"), "Service": ("", "v1", "services"),
+    "ServiceAccount": ("", "v1", "serviceaccounts"), "Event": ("", "v1", "events"),
+    "Job": ("batch", "v1", "jobs"), "Role": ("rbac.authorization.k8s.io", "v1", "roles"),
+    "RoleBinding": ("rbac.authorization.k8s.io", "v1", "rolebindings"),
+}
+
+
+@dataclass
+class Runtime:
+    """What the handlers share: the API client, the settings, the metrics."""
+
+    client: KubeClient | None = None
+    settings: Settings = field(default_factory=Settings)
+    metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
+    ready: threading.Event = field(default_factory=threading.Event)
+
+
+RUNTIME = Runtime()
+log = logging.getLogger("autopar.operator")
+
+
+def _plain(body: Any) -> Any:
+    """A kopf body (mappings and sequences of views) as plain dicts and lists."""
+    if hasattr(body, "items"):
+        return {k: _plain(v) for k, v in body.items()}
+    if isinstance(body, (list, tuple)):
+        return [_plain(v) for v in body]
+    return body
+
+
+# -- indexes -------------------------------------------------------------------------------------
+
+@kopf.index("nodes")
+def nodes_index(body, **_):
+    return {None: _plain(body)}
+
+
+@kopf.index("pods")
+def gpus_index(spec, status, labels, **_):
+    """GPUs requested by live pods, by node (and the job that owns the pod, if one of ours)."""
+    node = spec.get("nodeName")
+    if not node or (status or {}).get("phase") in ("Succeeded", "Failed"):
+        return None
+    gpus = 0
+    for c in spec.get("containers") or []:
+        limits = (c.get("resources") or {}).get("limits") or {}
+        requests = (c.get("resources") or {}).get("requests") or {}
+        gpus += int(limits.get(r.GPU_RESOURCE) or requests.get(r.GPU_RESOURCE) or 0)
+    return {node: (labels.get(r.LABEL_JOB), gpus)} if gpus else None
+
+
+def _owned(kind: str):
+    def index(namespace, labels, body, **_):
+        return {(namespace, labels[r.LABEL_JOB], kind): _plain(body)}
+    return index
+
+
+pods_index = kopf.index("pods", labels={r.LABEL_JOB: kopf.PRESENT, r.LABEL_COMPONENT: "trainer"},
+                        id="pods_index")(_owned("Pod"))
+configmaps_index = kopf.index("configmaps", labels={r.LABEL_JOB: kopf.PRESENT},
+                              id="configmaps_index")(_owned("ConfigMap"))
+jobs_index = kopf.index("batch", "v1", "jobs", labels={r.LABEL_JOB: kopf.PRESENT}, id="jobs_index")(_owned("Job"))
+services_index = kopf.index("services", labels={r.LABEL_JOB: kopf.PRESENT}, id="services_index")(_owned("Service"))
+
+
+def _free_gpus(nodes: list[dict], gpus_index, job_name: str) -> dict[str, int]:
+    """Allocatable GPUs per node minus those live pods hold (this job's own pods do not count)."""
+    free = {}
+    for node in nodes:
+        name = node["metadata"]["name"]
+        allocatable = int(((node.get("status") or {}).get("allocatable") or {}).get(r.GPU_RESOURCE) or 0)
+        used = sum(g for owner, g in gpus_index.get(name, []) if owner != job_name)
+        free[name] = max(0, allocatable - used)
+    return free
+
+
+# -- the reconcile ---------------------------------------------------------------------------------
+
+@kopf.on.login()
+def login(**kwargs):
+    """In a pod its ServiceAccount; elsewhere $KUBECONFIG (set from --kubeconfig)."""
+    return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+
+
+@kopf.on.startup()
+def startup(settings: kopf.OperatorSettings, **_):
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="autopar.dev")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="autopar.dev")
+    settings.posting.level = logging.WARNING
+    settings.watching.server_timeout = 300
+    if RUNTIME.client is None:
+        RUNTIME.client = KubeClient.default()
+    RUNTIME.ready.set()
+
+
+@kopf.timer(GROUP, VERSION, PLURAL, interval=TICK_SECONDS, idle=None)
+def tick(name, namespace, uid, meta, spec, status, patch, nodes_index, gpus_index, pods_index, configmaps_index,
+         jobs_index, services_index, **_):
+    """Observe one job, decide, act."""
+    try:
+        job = parse_job({"apiVersion": f"{GROUP}/{VERSION}", "kind": "ParallelTrainingJob",
+                         "metadata": {"name": name, "namespace": namespace}, "spec": _plain(spec)})
+    except Exception as e:  # noqa: BLE001 - the API server validated it; report instead of looping
+        patch.status["phase"] = "Failed"
+        patch.status["message"] = f"cannot read the spec: {e}"
+        return
+    current = _plain(status) or {}
+    attempt = int(current.get("replans") or 0)
+
+    def one(index, kind, child):
+        for obj in index.get((namespace, name, kind), []):
+            if obj["metadata"]["name"] == child:
+                return obj
+        return None
+
+    nodes = list(nodes_index.get(None, []))
+    obs = Observed(job=job, uid=uid, generation=int(meta.get("generation") or 1), status=current, nodes=nodes,
+                   free_gpus=_free_gpus(nodes, gpus_index, name),
+                   topology_configmap=one(configmaps_index, "ConfigMap", r.topology_configmap_name(job)),
+                   plan_configmap=one(configmaps_index, "ConfigMap", r.plan_configmap_name(job)),
+                   planner_job=one(jobs_index, "Job", r.planner_name(job, attempt)),
+                   service=one(services_index, "Service", r.service_name(job)),
+                   pods=list(pods_index.get((namespace, name, "Pod"), [])))
+    actions = reconcile(obs, RUNTIME.settings)
+    for action in actions:
+        try:
+            _execute(action, namespace, name, patch)
+        except KubeError as e:
+            RUNTIME.metrics.handler_failed("tick")
+            log.warning("job %s/%s: %r failed: %s", namespace, name, action, e)
+    merged = {**current, **next((a.patch for a in actions if a.verb == "status"), {})}
+    RUNTIME.metrics.observe_job(namespace, name, merged)
+
+
+def _execute(action: Action, namespace: str, name: str, patch) -> None:
+    client = RUNTIME.client
+    if action.verb == "status":
+        for key, value in action.patch.items():
+            patch.status[key] = value
+        if action.patch.get("restarts"):
+            RUNTIME.metrics.restarted(namespace, name)
+        if action.patch.get("replans"):
+            RUNTIME.metrics.replanned(namespace, name)
+        if action.patch.get("searchSeconds"):
+            RUNTIME.metrics.searched(float(action.patch["searchSeconds"]))
+        return
+    if action.verb in ("create", "event"):
+        group, version, plural = KINDS[action.obj["kind"]]
+        try:
+            client.post(resource_path(namespace, plural, group=group, version=version), action.obj)
+        except KubeError as e:
+            if e.status != 409:
+                raise
+        return
+    if action.verb == "delete":
+        group, version, plural = KINDS[action.kind]
+        try:
+            client.delete(resource_path(namespace, plural, action.name, group=group, version=version),
+                          propagationPolicy="Background")
+        except KubeError as e:
+            if e.status != 404:
+                raise
+        return
+    if action.verb == "delete_job":
+        try:
+            client.delete(resource_path(namespace, PLURAL, name, group=GROUP, version=VERSION),
+                          propagationPolicy="Background")
+        except KubeError as e:
+            if e.status != 404:
+                raise
+        return
+    raise ValueError(f"unknown action {action!r}")
+
+
+@kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)
+def forget(name, namespace, **_):
+    """A deleted job's metrics go with it; its children go with the garbage collector."""
+    RUNTIME.metrics.forget_job(namespace, name)
+
+
+def run(*, namespaces: list[str] | None = None, kubeconfig: str | None = None, image: str | None = None,
+        profile_cache_claim: str | None = None, device: str = "cuda", metrics_port: int | None = 8080,
+        metrics_address: str = "0.0.0.0", stop_flag: threading.Event | None = None,
+        ready_flag: threading.Event | None = None) -> None:
+    """`autopar operator run`: watch the given namespaces (all when none) until stopped."""
+    RUNTIME.client = KubeClient.default(kubeconfig)
+    RUNTIME.settings = Settings(image=image or Settings().image, profile_cache_claim=profile_cache_claim,
+                                device=device)
+    server = None
+    if metrics_port is not None:
+        server = RUNTIME.metrics.serve(metrics_port, metrics_address, ready=RUNTIME.ready.is_set)
+        log.info("metrics on %s:%s", metrics_address, server.server_address[1])
+    if kubeconfig:
+        import os
+        os.environ["KUBECONFIG"] = kubeconfig
+    try:
+        kopf.run(standalone=True, clusterwide=not namespaces, namespaces=namespaces or (), stop_flag=stop_flag,
+                 ready_flag=ready_flag)
+    finally:
+        if server is not None:
+            server.shutdown()
+            server.server_close()
