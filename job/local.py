@@ -92,7 +92,8 @@ def run_job(path: str | Path, *, run_dir: str | Path | None = None, compare: boo
             profile_cache: str | Path | None = None, recalibrate: bool = False, profile: bool = True,
             metrics_port: int | None = None, progress: bool = True,
             resume: str | Path | None = None) -> tuple[dict[str, Any], int]:
-    """Run the job of manifest `path` here; returns (report, exit status: 0, or 130 when stopped).
+    """Run the job of manifest `path` here; returns (report, exit status: 0, or 130/143 when Ctrl-C
+    or SIGTERM stopped it).
 
     `resume`: the run directory of an earlier run of this job that stopped; its plan is trained
     on from its latest checkpoint (no profiling, no search) and its report is rewritten."""
@@ -183,12 +184,15 @@ def run_job(path: str | Path, *, run_dir: str | Path | None = None, compare: boo
             stopped = bool(dp.get("stopped_at_step"))
         seconds["total"] = round(time.perf_counter() - started, 1)
         phase = "Stopped" if stopped else "Succeeded"
+        last = dp if dp is not None and dp.get("stopped_at_step") else trained
+        how = "Ctrl-C" if (last.get("stop_signal") or "SIGINT") == "SIGINT" else last["stop_signal"]
         doc = pipeline.report(prepared, topology, outcome, trained, compare=dp, phase=phase, files=files,
                               seconds=seconds, calibration=calibration,
-                              message=f"stopped by Ctrl-C; `autopar run {path} --local --resume {run}` continues "
+                              message=f"stopped by {how}; `autopar run {path} --local --resume {run}` continues "
                                       "from the checkpoint" if stopped else None)
         _write_outputs(run, doc, trained, files)
-        return doc, 130 if stopped else 0
+        from autopar.trainer.train import exit_status
+        return doc, exit_status(last)
     except BaseException as e:
         phase = "Stopped" if isinstance(e, KeyboardInterrupt) else "Failed"
         message = "stopped by Ctrl-C" if phase == "Stopped" else f"{type(e).__name__}: {e}".splitlines()[0]
