@@ -158,19 +158,14 @@ def _section_defaults(spec: dict[str, Any]) -> None:
 
 def _immutable_except_suspend(spec: dict[str, Any]) -> None:
     """Transition rules: every field of the spec is fixed once created, except runPolicy.suspend."""
-    for field, prop in spec["properties"].items():
-        if field == "runPolicy":
-            continue
-        prop.setdefault("x-kubernetes-validations", []).append(
-            {"rule": "self == oldSelf", "message": f"spec.{field} cannot change after the job is created "
-                                                   "(only runPolicy.suspend can); create a new job instead"})
     run_policy = spec["properties"]["runPolicy"]
-    for field, prop in run_policy["properties"].items():
-        if field == "suspend":
-            continue
+    fixed = [(f"spec.{f}", p, " create a new job instead") for f, p in spec["properties"].items() if f != "runPolicy"]
+    fixed += [(f"spec.runPolicy.{f}", p, "") for f, p in run_policy["properties"].items() if f != "suspend"]
+    for path, prop, advice in fixed:
         prop.setdefault("x-kubernetes-validations", []).append(
-            {"rule": "self == oldSelf", "message": f"spec.runPolicy.{field} cannot change after the job is created "
-                                                   "(only runPolicy.suspend can)"})
+            {"rule": "self == oldSelf",
+             "message": f"{path} cannot change after the job is created (only runPolicy.suspend can)"
+                        + (";" + advice if advice else "")})
     # A field that was set cannot be removed either (a transition rule on it would not run then).
     optional = [f for f, p in run_policy["properties"].items() if f != "suspend" and "default" not in p]
     if optional:

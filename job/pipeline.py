@@ -77,11 +77,9 @@ def validate(job: ParallelTrainingJob, base_dir: str | Path = ".", *, local: boo
     the files the spec names exist.  Raises `JobSpecError` naming the field."""
     base = Path(base_dir).resolve()
     spec = job.spec
-    opts = model_options(job)
+    opts = checked_model_options(job)
     name = spec.model.name
-    if ":" not in name:
-        _check_zoo_options(name, opts)
-    elif local:
+    if ":" in name and local:
         _make_importable(base)
     if local:
         if spec.data.source == "file" and not (base / spec.data.path).expanduser().is_file():
@@ -97,6 +95,15 @@ def validate(job: ParallelTrainingJob, base_dir: str | Path = ".", *, local: boo
                                    f"read from {base}); write one with `autopar plan`")
     graph = _import_graph(name, opts, spec.training.dtype)
     return Prepared(job, base, opts, graph)
+
+
+def checked_model_options(job: ParallelTrainingJob) -> dict[str, Any]:
+    """`model_options`, checked against the zoo model's options (a ``package.module:factory`` model
+    is checked when it is imported: locally by `validate`, in a cluster by its planner pod)."""
+    opts = model_options(job)
+    if ":" not in job.spec.model.name:
+        _check_zoo_options(job.spec.model.name, opts)
+    return opts
 
 
 def _check_zoo_options(name: str, opts: dict[str, Any]) -> None:

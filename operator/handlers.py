@@ -14,6 +14,7 @@ decisions are idempotent, so a restarted operator picks up where the job is.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -223,8 +224,7 @@ def run(*, namespaces: list[str] | None = None, kubeconfig: str | None = None, i
         server = RUNTIME.metrics.serve(metrics_port, metrics_address, ready=RUNTIME.ready.is_set)
         log.info("metrics on %s:%s", metrics_address, server.server_address[1])
     if kubeconfig:
-        import os
-        os.environ["KUBECONFIG"] = kubeconfig
+        os.environ["KUBECONFIG"] = kubeconfig   # kopf's login_with_kubeconfig reads it
     try:
         kopf.run(standalone=True, clusterwide=not namespaces, namespaces=namespaces or (), stop_flag=stop_flag,
                  ready_flag=ready_flag)

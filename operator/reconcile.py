@@ -122,13 +122,10 @@ def _delete_pods(obs: Observed) -> list[Action]:
 def validation_problem(job: ParallelTrainingJob) -> str | None:
     """What the schema could not check and the operator can: a zoo model's options.  A
     ``package.module:factory`` model lives in the job's image: its planner pod checks it."""
-    name = job.spec.model.name
-    if ":" in name:
-        return None
-    from autopar.job.pipeline import _check_zoo_options, model_options
+    from autopar.job.pipeline import checked_model_options
     from autopar.job.spec import JobSpecError
     try:
-        _check_zoo_options(name, model_options(job))
+        checked_model_options(job)
     except JobSpecError as e:
         return str(e)
     return None
