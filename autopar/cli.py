@@ -78,6 +78,11 @@ def _build_parser() -> argparse.ArgumentParser:
                       help="PersistentVolumeClaim holding the shared profile cache of the planner pods")
     orun.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="what trainer pods train on")
     orun.add_argument("--metrics-port", type=int, default=8080, help="port of /metrics, /healthz and /readyz")
+    orun.add_argument("--metrics-address", default="0.0.0.0", help="address of /metrics, /healthz and /readyz")
+    orun.add_argument("--peering", metavar="NAME",
+                      help="coordinate several replicas through kopf's peering object NAME (one is active, "
+                           "the others wait; needs kopf's KopfPeering/ClusterKopfPeering CRDs); without it the "
+                           "operator runs standalone and must be the only replica")
     orun.set_defaults(func=_cmd_operator_run)
     pp = opsub.add_parser("publish-plan", help="patch a plan file into the job's plan ConfigMap (the planner pod)")
     pp.add_argument("--plan", required=True, help="the plan file `autopar plan --out` wrote")
@@ -217,7 +222,8 @@ def _cmd_operator_run(args) -> int:
     from autopar.operator.handlers import run
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     run(namespaces=args.namespace or None, kubeconfig=args.kubeconfig, image=args.image,
-        profile_cache_claim=args.profile_cache_claim, device=args.device, metrics_port=args.metrics_port)
+        profile_cache_claim=args.profile_cache_claim, device=args.device, metrics_port=args.metrics_port,
+        metrics_address=args.metrics_address, peering=args.peering)
     return 0
 
 

@@ -213,9 +213,13 @@ def forget(name, namespace, **_):
 
 def run(*, namespaces: list[str] | None = None, kubeconfig: str | None = None, image: str | None = None,
         profile_cache_claim: str | None = None, device: str = "cuda", metrics_port: int | None = 8080,
-        metrics_address: str = "0.0.0.0", stop_flag: threading.Event | None = None,
+        metrics_address: str = "0.0.0.0", peering: str | None = None, stop_flag: threading.Event | None = None,
         ready_flag: threading.Event | None = None) -> None:
-    """`autopar operator run`: watch the given namespaces (all when none) until stopped."""
+    """`autopar operator run`: watch the given namespaces (all when none) until stopped.
+
+    With `peering` several replicas share kopf's peering object of that name (cluster-wide
+    ClusterKopfPeering, or a KopfPeering in each watched namespace) and only the one of highest
+    priority handles; without it the operator is standalone and must be the only replica."""
     RUNTIME.client = KubeClient.default(kubeconfig)
     RUNTIME.settings = Settings(image=image or Settings().image, profile_cache_claim=profile_cache_claim,
                                 device=device)
@@ -226,7 +230,7 @@ def run(*, namespaces: list[str] | None = None, kubeconfig: str | None = None, i
     if kubeconfig:
         os.environ["KUBECONFIG"] = kubeconfig   # kopf's login_with_kubeconfig reads it
     try:
-        kopf.run(standalone=True, clusterwide=not namespaces, namespaces=namespaces or (), stop_flag=stop_flag,
+        kopf.run(standalone=peering is None, peering_name=peering, clusterwide=not namespaces, namespaces=namespaces or (), stop_flag=stop_flag,
                  ready_flag=ready_flag)
     finally:
         if server is not None:
