@@ -252,8 +252,12 @@ def _decide(obs: Observed, settings: Settings) -> list[Action]:
 
     # train
     restarts = int(status.get("restarts") or 0)
-    failed = [p for p in obs.pods if _pod_phase(p) == "Failed"]
-    current = [p for p in obs.pods if _restart_label(p) == restarts and not p["metadata"].get("deletionTimestamp")]
+    live = [p for p in obs.pods if not p["metadata"].get("deletionTimestamp")]
+    # a pod being deleted (an old gang stopping, or one on a lost node) has ended or is ending on
+    # purpose: only a live pod's failure restarts the gang
+    failed = [p for p in live if _pod_phase(p) == "Failed"]
+    current = [p for p in live if _restart_label(p) == restarts]
+    terminating = [p for p in obs.pods if p["metadata"].get("deletionTimestamp")]
     if failed:
         if restarts >= policy.backoff_limit:
             return actions + _delete_pods(obs) + _status(
@@ -270,13 +274,20 @@ def _decide(obs: Observed, settings: Settings) -> list[Action]:
 
     if obs.service is None:
         actions.append(Action("create", obj=r.trainer_service(job, obs.uid)))
+    if not current and terminating:
+        # the old gang still holds the pod names (and its checkpoints are being written): the new
+        # one starts when the last old pod is gone
+        return actions
     if not current:
         actions += [Action("create", obj=r.trainer_serviceaccount(job, obs.uid)),
                     Action("create", obj=r.progress_role(job, obs.uid)),
                     Action("create", obj=r.progress_rolebinding(job, obs.uid))]
         ref = job.spec.planner.plan_ref
         kw: dict[str, Any] = {"plan_configmap": ref.config_map, "plan_key": ref.key} if pinned and ref else {}
-        resume = restarts > 0 or int(status.get("replans") or 0) > 0 or None
+        # a gang that ran before (restarted, re-planned, suspended and resumed) resumes from the
+        # latest checkpoint if there is one
+        resume = restarts > 0 or int(status.get("replans") or 0) > 0 or any(
+            c.get("type") == "Running" for c in status.get("conditions") or []) or None
         pods = r.trainer_pods(job, obs.uid, node_names, settings.image, restart_count=restarts,
                               resume=resume, device=settings.device,
                               profile_cache_claim=settings.profile_cache_claim, **kw)

@@ -1,7 +1,9 @@
 """Fixtures shared by every test folder: the session's real control plane (tests/controlplane).
 
 `controlplane` is one `ControlPlane` per test session, whichever folders use it (the control-plane
-tests and the operator's); `crd_installed` adds the ParallelTrainingJob CRD; `namespace` gives a
+tests and the operator's); `crd_installed` adds the ParallelTrainingJob CRD (KWOK plays
+every pod except those labelled ``autopar.dev/job``: a test's `tests.controlplane.podrunner.PodRunner`
+runs those as local processes); `namespace` gives a
 test a fresh namespace.  The binaries are built from Go modules on first use
 (`tests/controlplane/build.py`).  Without a Go toolchain the tests that need them skip with one
 line saying what to install — except under CI (``CI=true``), where that fails, so a CI run can
@@ -41,9 +43,12 @@ def controlplane_binaries() -> dict[str, Path]:
 
 @pytest.fixture(scope="session")
 def controlplane(controlplane_binaries, tmp_path_factory):
+    from tests.controlplane.podrunner import kwok_stages_without_autopar_pods
     bins = {k: v for k, v in controlplane_binaries.items() if k != "kwok-stages"}
-    plane = ControlPlane(tmp_path_factory.mktemp("controlplane"), bins,
-                         kwok_stages=controlplane_binaries["kwok-stages"])
+    workdir = tmp_path_factory.mktemp("controlplane")
+    # KWOK plays every pod but autopar's, which a test's PodRunner runs as local processes
+    stages = kwok_stages_without_autopar_pods(controlplane_binaries["kwok-stages"], workdir / "kwok-stages.yaml")
+    plane = ControlPlane(workdir, bins, kwok_stages=stages)
     plane.start()
     sys.stderr.write(f"\ncontrol plane up in {plane.startup_seconds['total']:.1f} s ({plane.server})\n")
     try:

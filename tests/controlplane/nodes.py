@@ -59,14 +59,15 @@ def dgx_h100(n: int, *, prefix: str = "dgx-h100", zone: str = "zone-a", **kw) ->
             for i in range(n)]
 
 
-def p4d(n: int, *, prefix: str = "p4d", zone: str = "us-east-1a", **kw) -> list[dict[str, Any]]:
+def p4d(n: int, *, prefix: str = "p4d", zone: str = "us-east-1a", labels: dict[str, str] | None = None,
+        **kw) -> list[dict[str, Any]]:
     """`n` AWS p4d.24xlarge nodes: 8 × A100 SXM4 40 GB, EFA networking, in one network spine."""
     return [gpu_node(f"{prefix}-{i}", product="NVIDIA-A100-SXM4-40GB", count=8, memory_mib=40960, family="ampere",
                      compute=(8, 0), machine="p4d.24xlarge", zone=zone, cpu="96", memory="1152Gi",
                      labels={"node.kubernetes.io/instance-type": "p4d.24xlarge",
                              "topology.k8s.aws/network-node-layer-1": "nn-spine-0",
                              "topology.k8s.aws/network-node-layer-2": f"nn-block-{i // 8}",
-                             "topology.k8s.aws/network-node-layer-3": f"nn-rack-{i // 4}"}, **kw)
+                             "topology.k8s.aws/network-node-layer-3": f"nn-rack-{i // 4}", **(labels or {})}, **kw)
             for i in range(n)]
 
 
@@ -79,7 +80,8 @@ def gb200_nvl(n: int, *, domain: str = "8a1f3c5e-0000-4000-8000-000000000001", c
             for i in range(n)]
 
 
-def l4_pool(n: int, *, prefix: str = "l4", zone: str = "us-central1-a", **kw) -> list[dict[str, Any]]:
+def l4_pool(n: int, *, prefix: str = "l4", zone: str = "us-central1-a", labels: dict[str, str] | None = None,
+            **kw) -> list[dict[str, Any]]:
     """`n` GKE g2-standard-24 nodes: 2 × L4 24 GB over PCIe, no RDMA; link bandwidth given to
     autopar through an ``autopar.dev/`` override, since no label says it."""
     return [gpu_node(f"{prefix}-{i}", product="NVIDIA-L4", count=2, memory_mib=23034, family="ada-lovelace",
@@ -88,5 +90,21 @@ def l4_pool(n: int, *, prefix: str = "l4", zone: str = "us-central1-a", **kw) ->
                              "cloud.google.com/gce-topology-block": "block-a",
                              "cloud.google.com/gce-topology-subblock": f"sub-{i // 2}",
                              "cloud.google.com/gce-topology-host": f"host-{i}",
-                             "autopar.dev/network-bandwidth": "50Gbps"}, **kw)
+                             "autopar.dev/network-bandwidth": "50Gbps", **(labels or {})}, **kw)
             for i in range(n)]
+
+
+def cpu_node(name: str, *, zone: str = "zone-a", cpu: str = "32", memory: str = "128Gi",
+             labels: dict[str, str] | None = None) -> dict[str, Any]:
+    """One simulated CPU node, untainted: where a real cluster runs the planner pods (they need no GPU)."""
+    node_labels = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
+                   "topology.kubernetes.io/zone": zone, "type": "kwok", **(labels or {})}
+    resources = {"cpu": cpu, "memory": memory, "pods": "110"}
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": node_labels, "annotations": dict(KWOK_ANNOTATION)},
+            "spec": {},
+            "status": {"capacity": dict(resources), "allocatable": dict(resources),
+                       "nodeInfo": {"architecture": "amd64", "operatingSystem": "linux", "kubeletVersion": "fake",
+                                    "kernelVersion": "fake", "osImage": "fake", "containerRuntimeVersion": "fake",
+                                    "kubeProxyVersion": "fake", "machineID": name, "systemUUID": name,
+                                    "bootID": name}}}
