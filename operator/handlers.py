@@ -21,12 +21,13 @@ from typing import Any
 
 import kopf
 
-from autopar.job.spec import GROUP, PLURAL, VERSION, parse_job
+from autopar.job.spec import GROUP, PLURAL, VERSION, ObjectMeta, ParallelTrainingJob, parse_job
 
 from . import resources as r
 from .kube import KubeClient, KubeError, resource_path
 from .metrics import OperatorMetrics
 from .reconcile import Action, Observed, Settings, reconcile
+from .status import FINISHED, transition
 
 TICK_SECONDS = 1.0
 #: kind -> (API group, version, plural) of what the operator creates
@@ -133,9 +134,8 @@ def tick(name, namespace, uid, meta, spec, status, patch, nodes_index, gpus_inde
     try:
         job = parse_job({"apiVersion": f"{GROUP}/{VERSION}", "kind": "ParallelTrainingJob",
                          "metadata": {"name": name, "namespace": namespace}, "spec": _plain(spec)})
-    except Exception as e:  # noqa: BLE001 - the API server validated it; report instead of looping
-        patch.status["phase"] = "Failed"
-        patch.status["message"] = f"cannot read the spec: {e}"
+    except Exception as e:  # noqa: BLE001 - the API server validated it; report once instead of looping
+        _unreadable(e, name, namespace, uid, meta, status, patch)
         return
     current = _plain(status) or {}
     attempt = int(current.get("replans") or 0)
@@ -163,6 +163,26 @@ def tick(name, namespace, uid, meta, spec, status, patch, nodes_index, gpus_inde
             log.warning("job %s/%s: %r failed: %s", namespace, name, action, e)
     merged = {**current, **next((a.patch for a in actions if a.verb == "status"), {})}
     RUNTIME.metrics.observe_job(namespace, name, merged)
+
+
+def _unreadable(error: Exception, name: str, namespace: str, uid: str, meta, status, patch) -> None:
+    """A spec the operator cannot read fails the job once, as a bad zoo option does in `reconcile`:
+    the Failed condition, the phase, an Event; later ticks see phase Failed and do nothing."""
+    current = _plain(status) or {}
+    if current.get("phase") in FINISHED:
+        return
+    message = f"cannot read the spec: {error}; fix the spec and create the job again"
+    for key, value in transition(current, "Failed", "FailedValidation", message, phase="Failed",
+                                 generation=int(meta.get("generation") or 1)).items():
+        patch.status[key] = value
+    # the Event names the job only: a metadata without validation (the spec is what failed)
+    who = ParallelTrainingJob.model_construct(metadata=ObjectMeta.model_construct(name=name, namespace=namespace))
+    try:
+        _execute(Action("event", obj=r.event(who, uid, "FailedValidation", message, "Warning")), namespace, name,
+                 patch)
+    except KubeError as e:
+        RUNTIME.metrics.handler_failed("tick")
+        log.warning("job %s/%s: the FailedValidation event failed: %s", namespace, name, e)
 
 
 def _execute(action: Action, namespace: str, name: str, patch) -> None:
