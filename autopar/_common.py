@@ -6,11 +6,13 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autopar.planner.errors import AutoparError
 from autopar.planner.hardware import DeviceTopology
-from autopar.planner.ir import OperatorGraph, Strategy
+
+if TYPE_CHECKING:   # planner.ir imports torch: not at start-up of every command (`autopar operator run`)
+    from autopar.planner.ir import OperatorGraph, Strategy
 
 _FLOATS = ("float64", "float32", "float16", "bfloat16")
 

@@ -27,7 +27,9 @@ from autopar.planner.errors import AutoparError
 from ._common import add_model_args
 
 
-def _build_parser() -> argparse.ArgumentParser:
+def _build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser; with `command` (the first word of the command line) the options of ``train``,
+    whose module imports torch, are added only when that is the command (or unknown)."""
     p = argparse.ArgumentParser(
         prog="autopar",
         description="Find a parallelization of a PyTorch model for a cluster that beats data parallelism "
@@ -144,8 +146,9 @@ def _build_parser() -> argparse.ArgumentParser:
                                     "MASTER_ADDR, MASTER_PORT). Prints per-step time and loss, and a summary "
                                     "with the median measured step time beside the plan's predicted one.")
     add_model_args(tr, topology=False)
-    from autopar.trainer import add_train_args
-    add_train_args(tr)
+    if command in (None, "train"):    # autopar.trainer imports torch: not for `autopar operator run`
+        from autopar.trainer import add_train_args
+        add_train_args(tr)
     tr.set_defaults(func=_cmd_train, graceful_stop=True)
 
     pr = sub.add_parser("profile", help="measure op times on this machine into the profile cache",
@@ -171,7 +174,9 @@ def _build_parser() -> argparse.ArgumentParser:
                                    "`runtime`: our runtime against DistributedDataParallel, and a searched plan "
                                    "against data parallelism, measured on local ranks. `accuracy`: simulated "
                                    "against measured step time for 4 models x >= 6 strategies on 2 local ranks "
-                                   "(progress on stderr).")
+                                   "(progress on stderr). `operator`: the operator on a real control plane (from "
+                                   "a source checkout), 1,000 simulated GPU nodes and 50 pinned-plan jobs: create "
+                                   "to trainer pods p50/p95, discovery time, API requests per job, peak RSS.")
     b.add_argument("which", choices=_bench_choices(), help="which benchmark")
     b.add_argument("--json", action="store_true", help="JSON on stdout")
     b.add_argument("--quick", action="store_true", help="smaller settings for a 2-core machine")
@@ -196,7 +201,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _bench_choices() -> list[str]:
-    return ["simulator", "search", "runtime", "accuracy"]
+    return ["simulator", "search", "runtime", "accuracy", "operator"]
 
 
 def _cmd_run(args) -> int:
@@ -295,6 +300,9 @@ def _cmd_bench(args) -> int:
     elif args.which == "accuracy":
         from autopar.trainer.accuracy import print_table, run_accuracy_bench
         doc = run_accuracy_bench(quick=args.quick, progress=True)
+    elif args.which == "operator":
+        from .bench_operator import print_table, run_operator_bench
+        doc = run_operator_bench(quick=args.quick, progress=True)
     else:  # argparse restricts the choices
         raise AssertionError(args.which)
     if args.json:
@@ -333,7 +341,8 @@ def _cmd_topologies(args) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _build_parser()
+    words = [a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")]
+    parser = _build_parser(words[0] if words else None)
     args = parser.parse_args(argv)
     if os.environ.get("AUTOPAR_THREADS"):
         import torch

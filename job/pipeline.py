@@ -12,11 +12,13 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from autopar.planner.errors import AutoparError
 from autopar.planner.hardware import DeviceTopology
-from autopar.planner.ir import OperatorGraph, Strategy
+
+if TYPE_CHECKING:   # planner.ir imports torch; the operator builds trainer pods' arguments without it
+    from autopar.planner.ir import OperatorGraph, Strategy
 
 from .spec import JobSpecError, ParallelTrainingJob
 
@@ -107,11 +109,11 @@ def checked_model_options(job: ParallelTrainingJob) -> dict[str, Any]:
 
 
 def _check_zoo_options(name: str, opts: dict[str, Any]) -> None:
-    from autopar.planner.zoo import list_models, model_options as zoo_options
-    if name not in list_models():
-        raise JobSpecError(f"spec.model.name: unknown model {name!r}; zoo models: {', '.join(list_models())}, "
+    from .zoo_options import ZOO_OPTIONS     # the zoo's options without importing it (and torch)
+    if name not in ZOO_OPTIONS:
+        raise JobSpecError(f"spec.model.name: unknown model {name!r}; zoo models: {', '.join(ZOO_OPTIONS)}, "
                            "or 'package.module:factory' for your own")
-    known = zoo_options(name)
+    known = ZOO_OPTIONS[name]
     for key in opts:
         if key not in known:
             field_name = "spec.training.batchSize" if key == "batch" else f"spec.model.options.{key}"

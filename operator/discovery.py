@@ -87,6 +87,7 @@ of the order the nodes were listed in (hence a stable fingerprint).
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
@@ -393,6 +394,16 @@ def _known_list() -> str:
     return ", ".join(known_products())
 
 
+@functools.lru_cache(maxsize=1024)
+def _lookup(query: str) -> tuple[DeviceSpec | None, TopologyError | None]:
+    """`lookup`, memoized: every tick of every job resolves every node's product label, and the
+    catalog's matching is most of what `eligible` costs over a thousand nodes."""
+    try:
+        return lookup(query), None
+    except TopologyError as e:
+        return None, e
+
+
 def resolve_product(info: NodeInfo) -> tuple[DeviceSpec | None, str]:
     """The catalog entry of a node's GPUs, or None and a message saying what is wrong and what to do."""
     if info.product_label is None:
@@ -401,18 +412,18 @@ def resolve_product(info: NodeInfo) -> tuple[DeviceSpec | None, str]:
                       f"node {GPU_PRODUCT_OVERRIDE}=<product>; known products: {_known_list()}")
     value = info.product_label
     query = GKE_ACCELERATORS.get(value, value) if info.product_source == GKE_ACCELERATOR else value
-    try:
-        return lookup(query), ""
-    except TopologyError as e:
-        if info.product_source == GPU_PRODUCT_OVERRIDE:
-            return None, (f"node {info.name}: {GPU_PRODUCT_OVERRIDE}={value!r} is not a product of the device "
-                          f"catalog; known products: {_known_list()}")
-        why = f" ({e})" if "MIG" in str(e) else ""
-        return None, (f"node {info.name}: GPU product {value!r} (label {info.product_source}) is not in autopar's "
-                      f"device catalog{why}; known products: {_known_list()}. Label the node "
-                      f"{GPU_PRODUCT_OVERRIDE}=<a known product> to plan its GPUs as that product "
-                      f"(kubectl label node {info.name} {GPU_PRODUCT_OVERRIDE}=H100-SXM5-80GB), or add the "
-                      "product to the catalog")
+    spec, e = _lookup(query)
+    if spec is not None:
+        return spec, ""
+    if info.product_source == GPU_PRODUCT_OVERRIDE:
+        return None, (f"node {info.name}: {GPU_PRODUCT_OVERRIDE}={value!r} is not a product of the device "
+                      f"catalog; known products: {_known_list()}")
+    why = f" ({e})" if "MIG" in str(e) else ""
+    return None, (f"node {info.name}: GPU product {value!r} (label {info.product_source}) is not in autopar's "
+                  f"device catalog{why}; known products: {_known_list()}. Label the node "
+                  f"{GPU_PRODUCT_OVERRIDE}=<a known product> to plan its GPUs as that product "
+                  f"(kubectl label node {info.name} {GPU_PRODUCT_OVERRIDE}=H100-SXM5-80GB), or add the "
+                  "product to the catalog")
 
 
 # -- eligibility ---------------------------------------------------------------------------------

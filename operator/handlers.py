@@ -24,6 +24,7 @@ import kopf
 from autopar.job.spec import GROUP, PLURAL, VERSION, ObjectMeta, ParallelTrainingJob, parse_job
 
 from . import resources as r
+from .discovery import NodeInfo, parse_node
 from .kube import KubeClient, KubeError, resource_path
 from .metrics import OperatorMetrics
 from .reconcile import Action, Observed, Settings, reconcile
@@ -66,7 +67,10 @@ def _plain(body: Any) -> Any:
 
 @kopf.index("nodes")
 def nodes_index(body, **_):
-    return {None: _plain(body)}
+    """What discovery reads of each node (`NodeInfo`), parsed once per node event: every tick of
+    every job reads all nodes, and a whole Node object (managedFields, images, conditions) is
+    several times larger than what autopar uses of it."""
+    return {None: parse_node(_plain(body))}
 
 
 @kopf.index("pods")
@@ -97,14 +101,12 @@ jobs_index = kopf.index("batch", "v1", "jobs", labels={r.LABEL_JOB: kopf.PRESENT
 services_index = kopf.index("services", labels={r.LABEL_JOB: kopf.PRESENT}, id="services_index")(_owned("Service"))
 
 
-def _free_gpus(nodes: list[dict], gpus_index, job_name: str) -> dict[str, int]:
+def _free_gpus(nodes: list[NodeInfo], gpus_index, job_name: str) -> dict[str, int]:
     """Allocatable GPUs per node minus those live pods hold (this job's own pods do not count)."""
     free = {}
     for node in nodes:
-        name = node["metadata"]["name"]
-        allocatable = int(((node.get("status") or {}).get("allocatable") or {}).get(r.GPU_RESOURCE) or 0)
-        used = sum(g for owner, g in gpus_index.get(name, []) if owner != job_name)
-        free[name] = max(0, allocatable - used)
+        used = sum(g for owner, g in gpus_index.get(node.name, []) if owner != job_name)
+        free[node.name] = max(0, node.allocatable_gpus - used)
     return free
 
 
