@@ -14,6 +14,10 @@ the admin, the controller manager, the scheduler and KWOK, the service-account s
 etcd data, kubeconfigs and one log file per component.  The API server runs with
 ``--authorization-mode=Node,RBAC``, so `as_service_account` gives a test exactly a
 ServiceAccount's permissions (a token from the TokenRequest API).
+
+Optional, off by default (`autopar bench operator` uses them): `audit_policy` (the API server's
+audit log, `audit_events`), `client_kubeconfig(user, groups)` (an identity of its own, e.g. for a
+process whose requests the audit log should tell apart) and `extra_args` per component.
 """
 
 from __future__ import annotations
@@ -108,6 +112,30 @@ def _write_pki(d: Path) -> None:
                                                            serialization.PublicFormat.SubjectPublicKeyInfo))
 
 
+def _issue_client_cert(d: Path, stem: str, cn: str, groups: tuple[str, ...] = ()) -> None:
+    """A client certificate ``<stem>.crt``/``.key`` for user `cn` in `groups`, signed by the CA of `d`."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    ca = x509.load_pem_x509_certificate((d / "ca.crt").read_bytes())
+    ca_key = serialization.load_pem_private_key((d / "ca.key").read_bytes(), password=None)
+    now = _dt.datetime.now(_dt.timezone.utc) - _dt.timedelta(minutes=5)
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn),
+                         *(x509.NameAttribute(NameOID.ORGANIZATION_NAME, g) for g in groups)])
+    cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(ca.subject)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now).not_valid_after(now + _dt.timedelta(days=2))
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    (d / f"{stem}.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (d / f"{stem}.key").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                      serialization.NoEncryption()))
+
+
 def kubeconfig(server: str, ca: Path, *, cert: Path | None = None, key: Path | None = None,
                token: str | None = None, user: str = "user") -> dict:
     creds: dict = {"token": token} if token else {"client-certificate": str(cert), "client-key": str(key)}
@@ -124,6 +152,12 @@ class ControlPlane:
     workdir: Path
     binaries: dict[str, Path]
     kwok_stages: Path | None = None            # Stage objects KWOK plays (nodes ready, pods running)
+    #: an audit.k8s.io/v1 Policy: when set, the API server writes the events it selects, one JSON
+    #: object a line, to ``workdir/audit.log`` (`audit_events`); None (the default): no audit log
+    audit_policy: dict | None = None
+    #: more command-line arguments per component (e.g. ``{"kube-controller-manager": ["--kube-api-qps",
+    #: "200"]}`` so the node controller lifts a thousand nodes' not-ready taints in seconds, not minutes)
+    extra_args: dict[str, list[str]] = field(default_factory=dict)
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     logs: dict[str, Path] = field(default_factory=dict)
     startup_seconds: dict[str, float] = field(default_factory=dict)
@@ -134,6 +168,7 @@ class ControlPlane:
         self.etcd_port, self.etcd_peer_port, self.api_port = free_port(), free_port(), free_port()
         self.server = f"https://127.0.0.1:{self.api_port}"
         self.kubeconfig = self.workdir / "admin.kubeconfig"
+        self.audit_log = self.workdir / "audit.log"
 
     # -- starting and stopping
 
@@ -184,6 +219,7 @@ class ControlPlane:
         return {name: p.poll() is None for name, p in self.procs.items()}
 
     def _run(self, name: str, args: list[str]) -> None:
+        args = [*args, *self.extra_args.get(name, [])]
         log = self.workdir / f"{name}.log"
         self.logs[name] = log
         fh = open(log, "wb")
@@ -232,7 +268,15 @@ class ControlPlane:
                 "--authorization-mode", "Node,RBAC", "--service-cluster-ip-range", SERVICE_CIDR,
                 "--allow-privileged", "--enable-priority-and-fairness=false", "--profiling=false",
                 "--endpoint-reconciler-type", "none",
-                "--cert-dir", str(self.workdir / "apiserver-certs"), "--v", "1"]
+                "--cert-dir", str(self.workdir / "apiserver-certs"), "--v", "1", *self._audit_args()]
+
+    def _audit_args(self) -> list[str]:
+        if self.audit_policy is None:
+            return []
+        policy = self.workdir / "audit-policy.yaml"
+        policy.write_text(yaml.safe_dump(self.audit_policy))
+        return ["--audit-policy-file", str(policy), "--audit-log-path", str(self.audit_log),
+                "--audit-log-format", "json", "--audit-log-mode", "blocking"]
 
     def _controller_manager_args(self) -> list[str]:
         kc = str(self.workdir / "controller-manager.kubeconfig")
@@ -310,6 +354,28 @@ class ControlPlane:
         path.write_text(yaml.safe_dump(kubeconfig(self.server, self.pki / "ca.crt", token=token,
                                                   user=f"system:serviceaccount:{namespace}:{name}")))
         return path
+
+    def client_kubeconfig(self, user: str, groups: tuple[str, ...] = ()) -> Path:
+        """A kubeconfig that acts as `user` (in `groups`) with a client certificate from the run's CA:
+        an identity of its own, e.g. for telling a process's requests apart in the audit log."""
+        stem = "user-" + "".join(c if c.isalnum() or c in "-_." else "-" for c in user)
+        _issue_client_cert(self.pki, stem, user, groups)
+        path = self.workdir / f"{stem}.kubeconfig"
+        path.write_text(yaml.safe_dump(kubeconfig(self.server, self.pki / "ca.crt", cert=self.pki / f"{stem}.crt",
+                                                  key=self.pki / f"{stem}.key", user=user)))
+        return path
+
+    def audit_events(self) -> list[dict]:
+        """The audit log's events so far (needs `audit_policy`)."""
+        if not self.audit_log.exists():
+            return []
+        events = []
+        for line in self.audit_log.read_text(errors="replace").splitlines():
+            try:
+                events.append(json.loads(line))
+            except ValueError:     # a line being written
+                pass
+        return events
 
     def wait_for(self, what: str, check, timeout: float = 60.0, interval: float = 0.2):
         """Poll `check()` until it returns something truthy; raise with the components' logs otherwise."""
