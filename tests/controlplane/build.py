@@ -11,6 +11,18 @@ toolchain (>= 1.26):
     kwok
         sigs.k8s.io/kwok/cmd/kwok  (module ./kwok)
 
+and two tools the chart tests (tests/chart) use, which the control plane itself does not need
+(`ensure_binaries()` without names builds the control plane only; `ensure_tools()` or the CLI
+builds them):
+
+    helm
+        helm.sh/helm/v4/cmd/helm  (module ./helm)
+    promtool
+        github.com/prometheus/prometheus/cmd/promtool  (module ./prometheus)
+    dashboard-check
+        Grafana dashboard JSON against Grafana's schema (module ./grafana: a small main on
+        github.com/grafana/grafana-foundation-sdk/go's strict decoders)
+
 into ``<cache>/<name>-<version>/<name>``; ``<cache>`` is ``--cache-dir``,
 else ``$AUTOPAR_CONTROLPLANE_CACHE``, else ``~/.cache/autopar/controlplane``.
 A binary that is already there is not rebuilt, so a second run takes well
@@ -28,6 +40,8 @@ Library use::
 CLI::
 
     python tests/controlplane/build.py [--print] [--check] [--only NAME ...]
+
+(without --only: the control plane and the tools).
 
 Standard library only.
 """
@@ -62,6 +76,9 @@ KUBERNETES_VERSION = "v1.37.2"  # k8s.io/kubernetes, module ./k8s
 KUBERNETES_STAGING_VERSION = "v0.37.2"  # k8s.io/api, client-go, ... (replaces)
 ETCD_VERSION = "v3.7.3"  # go.etcd.io/etcd/server/v3, module ./etcd
 KWOK_VERSION = "v0.8.0"  # sigs.k8s.io/kwok, module ./kwok
+HELM_VERSION = "v4.3.1"  # helm.sh/helm/v4, module ./helm (Helm 4: the current stable major)
+PROMETHEUS_VERSION = "v0.316.0"  # github.com/prometheus/prometheus (= Prometheus 3.16.0), module ./prometheus
+GRAFANA_SDK_VERSION = "v0.0.22"  # github.com/grafana/grafana-foundation-sdk/go, module ./grafana
 MIN_GO = (1, 26)
 
 _K8S_MAJOR, _K8S_MINOR = KUBERNETES_VERSION.lstrip("v").split(".")[:2]
@@ -130,6 +147,42 @@ COMPONENTS: dict[str, Component] = {
 }
 
 
+#: Tools for the chart tests (tests/chart), built like the control plane but not part of it.
+TOOLS: dict[str, Component] = {
+    c.name: c
+    for c in (
+        Component(
+            "helm",
+            "helm",
+            "helm.sh/helm/v4/cmd/helm",
+            "helm.sh/helm/v4",
+            HELM_VERSION,
+            # as Helm's Makefile does, so `helm version` reports the real version
+            (f"-X helm.sh/helm/v4/internal/version.version={HELM_VERSION}",
+             "-X helm.sh/helm/v4/internal/version.gitTreeState=clean"),
+        ),
+        Component(
+            "promtool",
+            "prometheus",
+            "github.com/prometheus/prometheus/cmd/promtool",
+            "github.com/prometheus/prometheus",
+            PROMETHEUS_VERSION,
+            # as Prometheus' .promu.yml does: the module's v0.3XX.Y is Prometheus 3.XX.Y
+            ("-X github.com/prometheus/common/version.Version="
+             + "3.{}.{}".format(int(PROMETHEUS_VERSION.split(".")[1]) - 300, PROMETHEUS_VERSION.split(".")[2]),),
+        ),
+        Component(
+            "dashboard-check",
+            "grafana",
+            ".",
+            "github.com/grafana/grafana-foundation-sdk/go",
+            GRAFANA_SDK_VERSION,
+        ),
+    )
+}
+_ALL: dict[str, Component] = {**COMPONENTS, **TOOLS}
+
+
 class ControlPlaneBuildError(RuntimeError):
     """A control-plane binary could not be built."""
 
@@ -161,7 +214,7 @@ def default_cache_dir() -> Path:
 
 
 def binary_path(name: str, cache_dir: Path | str | None = None) -> Path:
-    comp = COMPONENTS[name]
+    comp = _ALL[name]
     cache = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
     return cache / f"{comp.name}-{comp.version}" / comp.name
 
@@ -322,20 +375,20 @@ def ensure_binaries(
 ) -> dict[str, Path]:
     """Return {name: path} of the control-plane binaries, building missing ones.
 
-    ``names`` restricts to a subset of COMPONENTS (default: all).  Raises
+    ``names`` restricts to a subset of COMPONENTS (default: all of them), or names TOOLS.  Raises
     GoNotFoundError if a build is needed and no Go >= 1.26 is available, and
     ControlPlaneBuildError (naming binary, command and go's output) if a build
     fails.
     """
     cache = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
     wanted = list(names) if names else list(COMPONENTS)
-    unknown = [n for n in wanted if n not in COMPONENTS]
+    unknown = [n for n in wanted if n not in _ALL]
     if unknown:
-        raise ValueError(f"unknown control-plane binaries {unknown}; known: {list(COMPONENTS)}")
+        raise ValueError(f"unknown control-plane binaries {unknown}; known: {list(_ALL)}")
     result: dict[str, Path] = {}
     go: tuple[str, str] | None = None
     for name in wanted:
-        comp = COMPONENTS[name]
+        comp = _ALL[name]
         dest = binary_path(name, cache)
         if not _is_exe(dest):
             with _lock(cache / ".locks" / f"{comp.name}-{comp.version}.lock"):
@@ -345,6 +398,12 @@ def ensure_binaries(
                     _build_one(comp, dest, *go)
         result[name] = dest
     return result
+
+
+def ensure_tools(cache_dir: Path | str | None = None) -> dict[str, Path]:
+    """Return {name: path} of the chart tests' tools (helm, promtool, dashboard-check), building
+    missing ones."""
+    return ensure_binaries(cache_dir, list(TOOLS))
 
 
 def kwok_stages(cache_dir: Path | str | None = None) -> Path:
@@ -387,7 +446,7 @@ def _is_exe(path: Path) -> bool:
 
 
 def _version_output(path: Path) -> str:
-    args = ["version", "--client"] if path.name == "kubectl" else ["--version"]
+    args = {"kubectl": ["version", "--client"], "helm": ["version"]}.get(path.name, ["--version"])
     proc = subprocess.run(
         [str(path), *args], capture_output=True, text=True, timeout=60, errors="replace"
     )
@@ -401,13 +460,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--print", action="store_true", help="print NAME=PATH for each binary")
     ap.add_argument("--check", action="store_true", help="run each binary with --version")
-    ap.add_argument("--only", nargs="+", choices=list(COMPONENTS), metavar="NAME",
-                    help=f"build only these ({', '.join(COMPONENTS)})")
+    ap.add_argument("--only", nargs="+", choices=list(_ALL), metavar="NAME",
+                    help=f"build only these ({', '.join(_ALL)}; default: all)")
     ap.add_argument("--cache-dir", help="default: $AUTOPAR_CONTROLPLANE_CACHE or "
                     "~/.cache/autopar/controlplane")
     args = ap.parse_args(argv)
     try:
-        bins = ensure_binaries(args.cache_dir, args.only)
+        bins = ensure_binaries(args.cache_dir, args.only or list(_ALL))
         if args.check:
             for name, path in bins.items():
                 first = _version_output(path).splitlines()[0]
