@@ -76,6 +76,8 @@ def _build_parser(command: str | None = None) -> argparse.ArgumentParser:
     orun.add_argument("--namespace", "-n", action="append", default=[], help="namespace to watch (repeatable)")
     orun.add_argument("--kubeconfig", help="kubeconfig (default: in a pod its ServiceAccount, else $KUBECONFIG)")
     orun.add_argument("--image", help="image of the planner and trainer pods (a job's model.image wins)")
+    orun.add_argument("--planner-image", help="image of the planner pods (default: --image); the planner needs "
+                                              "no CUDA, so the small operator image will do")
     orun.add_argument("--profile-cache-claim", metavar="PVC",
                       help="PersistentVolumeClaim holding the shared profile cache of the planner pods")
     orun.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="what trainer pods train on")
@@ -228,7 +230,7 @@ def _cmd_operator_run(args) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     run(namespaces=args.namespace or None, kubeconfig=args.kubeconfig, image=args.image,
         profile_cache_claim=args.profile_cache_claim, device=args.device, metrics_port=args.metrics_port,
-        metrics_address=args.metrics_address, peering=args.peering)
+        metrics_address=args.metrics_address, peering=args.peering, planner_image=args.planner_image)
     return 0
 
 

@@ -235,7 +235,8 @@ def forget(name, namespace, **_):
 
 def run(*, namespaces: list[str] | None = None, kubeconfig: str | None = None, image: str | None = None,
         profile_cache_claim: str | None = None, device: str = "cuda", metrics_port: int | None = 8080,
-        metrics_address: str = "0.0.0.0", peering: str | None = None, stop_flag: threading.Event | None = None,
+        metrics_address: str = "0.0.0.0", peering: str | None = None, planner_image: str | None = None,
+        stop_flag: threading.Event | None = None,
         ready_flag: threading.Event | None = None) -> None:
     """`autopar operator run`: watch the given namespaces (all when none) until stopped.
 
@@ -243,7 +244,8 @@ def run(*, namespaces: list[str] | None = None, kubeconfig: str | None = None, i
     ClusterKopfPeering, or a KopfPeering in each watched namespace) and only the one of highest
     priority handles; without it the operator is standalone and must be the only replica."""
     RUNTIME.client = KubeClient.default(kubeconfig)
-    RUNTIME.settings = Settings(image=image or Settings().image, profile_cache_claim=profile_cache_claim,
+    RUNTIME.settings = Settings(image=image or Settings().image, planner_image=planner_image,
+                                profile_cache_claim=profile_cache_claim,
                                 device=device)
     server = None
     if metrics_port is not None:

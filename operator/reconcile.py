@@ -78,9 +78,14 @@ class Observed:
 
 @dataclass(frozen=True)
 class Settings:
+    """The operator's settings (`autopar operator run`'s options): `image` for the trainer pods
+    (a job's model.image wins), `planner_image` for the planner pods (default: `image`; the
+    planner needs no CUDA, so a platform team can give it the small operator image)."""
+
     image: str = "ghcr.io/autopar/autopar:0.1.0"
     profile_cache_claim: str | None = None
     device: str = "cuda"
+    planner_image: str | None = None
 
 
 # -- helpers -------------------------------------------------------------------------------------
@@ -232,7 +237,8 @@ def _decide(obs: Observed, settings: Settings) -> list[Action]:
                         Action("create", obj=r.plan_configmap(job, obs.uid, topology_fingerprint=fingerprint))]
         planner = obs.planner_job
         if planner is None:
-            actions.append(Action("create", obj=r.planner_job(job, obs.uid, settings.image,
+            planner_image = settings.planner_image or settings.image
+            actions.append(Action("create", obj=r.planner_job(job, obs.uid, planner_image,
                                                               topology_fingerprint=fingerprint, attempt=attempt,
                                                               profile_cache_claim=settings.profile_cache_claim)))
         elif any(c.get("type") == "Failed" and c.get("status") == "True"
