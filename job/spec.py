@@ -251,6 +251,10 @@ class JobStatus(_Spec):
     completed_steps: int | None = None
     restarts: int | None = None
     replans: int | None = None
+    replan_pending: bool | None = Field(default=None, description="A new plan is being made for a changed "
+                                        "topology while the trainers keep running the current one.")
+    kept_plan_hash: str | None = Field(default=None, description="Hash of a newer plan that was not faster than "
+                                       "the running one by more than planner.replanMargin, so not switched to.")
     observed_generation: int | None = None
     start_time: str | None = Field(default=None, json_schema_extra={"format": "date-time"})
     completion_time: str | None = Field(default=None, json_schema_extra={"format": "date-time"})

@@ -119,6 +119,11 @@ def _restart_label(pod: dict[str, Any]) -> int:
     return int((pod.get("metadata", {}).get("labels") or {}).get(r.LABEL_RESTART, "0"))
 
 
+def _pod_node(pod: dict[str, Any]) -> str | None:
+    """The node a trainer pod was placed on: the one its plan named (or where it was scheduled)."""
+    return (pod["metadata"].get("annotations") or {}).get(r.ANN_NODE) or (pod.get("spec") or {}).get("nodeName")
+
+
 def _delete_pods(obs: Observed) -> list[Action]:
     return [Action("delete", kind="Pod", name=p["metadata"]["name"]) for p in obs.pods
             if not p.get("metadata", {}).get("deletionTimestamp")]
@@ -205,14 +210,32 @@ def _decide(obs: Observed, settings: Settings) -> list[Action]:
         actions.append(Action("create", obj=r.topology_configmap(job, obs.uid, found.report.document, fingerprint)))
 
     replanning = known_fp is not None and known_fp != fingerprint
+    pinned = job.spec.planner.algorithm == "pinned"
     if replanning:
         attempt = int(status.get("replans") or 0) + 1
+        live = [p for p in obs.pods if not p["metadata"].get("deletionTimestamp")
+                and _pod_phase(p) in ("Pending", "Running")]
+        eligible = {n.name for n in found.selection.candidates}
+        if phase == "Training" and live and all(_pod_node(p) in eligible for p in live):
+            # the running plan still fits (all its nodes are still there): keep training; plan
+            # again, and switch only to a plan faster by more than replanMargin
+            if pinned:
+                return actions + _status(
+                    obs, "Planned", "PlanKept", "the topology changed but the pinned plan's nodes are all still "
+                    "there: training continues", topologyFingerprint=fingerprint, topology=found.report.summary(),
+                    devices=_devices(found))
+            return actions + _status(
+                obs, "Replanning", "TopologyChanged",
+                f"the topology changed ({len(node_names)} nodes now); planning again while training continues on the "
+                f"current plan, which is replaced only by a plan more than {job.spec.planner.replan_margin:.0%} "
+                "faster", phase="Training", topologyFingerprint=fingerprint, topology=found.report.summary(),
+                replans=attempt, devices=_devices(found), replanPending=True, keptPlanHash=None)
         return actions + _delete_pods(obs) + _status(
             obs, "Replanning", "TopologyChanged",
             f"the topology changed ({len(node_names)} nodes now); planning again, then training resumes from "
             "the last checkpoint", phase="Planning", topologyFingerprint=fingerprint,
             topology=found.report.summary(), replans=attempt, devices=_devices(found),
-            planHash=None)
+            planHash=None, replanPending=None)
 
     if known_fp is None:
         actions += _status(obs, "Planning", "TopologyDiscovered",
@@ -221,7 +244,6 @@ def _decide(obs: Observed, settings: Settings) -> list[Action]:
                            topology=found.report.summary(), devices=_devices(found))
 
     # plan
-    pinned = job.spec.planner.algorithm == "pinned"
     attempt = int(status.get("replans") or 0)
     plan_cm = obs.plan_configmap
     plan_ready = plan_cm is not None and (plan_cm.get("metadata", {}).get("annotations") or {}).get(
@@ -249,8 +271,13 @@ def _decide(obs: Observed, settings: Settings) -> list[Action]:
                                                                f"{planner['metadata']['name']}", phase="Failed")
         return actions
 
-    if status.get("planHash") != _current_plan_hash(plan_cm, pinned):
+    current_hash = _current_plan_hash(plan_cm, pinned)
+    if status.get("planHash") != current_hash and status.get("keptPlanHash") != current_hash:
         fields = _plan_status(job, plan_cm, pinned)
+        running = [p for p in obs.pods if not p["metadata"].get("deletionTimestamp")
+                   and _pod_phase(p) in ("Pending", "Running")]
+        if status.get("replanPending") and running:
+            return actions + _switch_or_keep(obs, fields, current_hash)
         actions += _status(obs, "Planned", "PlanReady",
                            f"plan {fields.get('strategy')!r}: simulated {fields.get('simulatedStep')} per step"
                            + (f", {fields['predictedSpeedup']} data parallelism" if fields.get("predictedSpeedup")
@@ -298,10 +325,34 @@ def _decide(obs: Observed, settings: Settings) -> list[Action]:
                               resume=resume, device=settings.device,
                               profile_cache_claim=settings.profile_cache_claim, **kw)
         actions += [Action("create", obj=p) for p in pods]
-        if not is_true(obs.status, "Running") or restarts:
+        # a new gang reads the plan ConfigMap as it is now: a plan kept off while the old gang ran
+        # is the one it trains
+        switched = _plan_status(job, plan_cm, pinned) if status.get("keptPlanHash") == current_hash else {}
+        if switched:
+            switched["keptPlanHash"] = None
+        if not is_true(obs.status, "Running") or restarts or switched:
             actions += _status(obs, "Running", "TrainersStarted",
-                               f"{len(pods)} trainer pod(s) on {', '.join(node_names)}", phase="Training")
+                               f"{len(pods)} trainer pod(s) on {', '.join(node_names)}", phase="Training", **switched)
     return actions
+
+
+def _switch_or_keep(obs: Observed, new: dict[str, Any], new_hash: str) -> list[Action]:
+    """A plan made for a changed topology while the trainers kept running the old one: restart
+    them under it from the last checkpoint if it is faster by more than replanMargin (FlexFlow's
+    simulated step times compared, sec. 5), otherwise keep the running plan."""
+    margin = obs.job.spec.planner.replan_margin
+    old_s, new_s = obs.status.get("simulatedStepSeconds"), new.get("simulatedStepSeconds")
+    old_show, new_show = obs.status.get("simulatedStep") or "?", new.get("simulatedStep") or "?"
+    if old_s and new_s and new_s < old_s * (1.0 - margin):
+        return _delete_pods(obs) + _status(
+            obs, "Replanning", "FasterPlan",
+            f"the new plan simulates {new_show} per step against {old_show} ({old_s / new_s:.2f}x, more than "
+            f"replanMargin {margin:.0%}): the trainers restart from the last checkpoint under it", phase="Training",
+            replanPending=None, **new)
+    return _status(obs, "Planned", "PlanKept",
+                   f"the new plan simulates {new_show} per step against the running plan's {old_show}: not faster "
+                   f"by more than replanMargin {margin:.0%}, so training continues on the running plan",
+                   replanPending=None, keptPlanHash=new_hash)
 
 
 def _devices(found) -> str:

@@ -85,9 +85,10 @@ class World:
     def pods(self):
         return [o for (k, _), o in sorted(self.objects.items()) if k == "Pod"]
 
-    def publish_plan(self):
+    def publish_plan(self, step_seconds: float | None = None):
         cm = self.get("ConfigMap", r.plan_configmap_name(self.job))
-        patch = r.plan_configmap_patch(PLAN, topology_fingerprint=self.status["topologyFingerprint"])
+        text = PLAN if step_seconds is None else PLAN.replace("stepSeconds: 0.05", f"stepSeconds: {step_seconds}")
+        patch = r.plan_configmap_patch(text, topology_fingerprint=self.status["topologyFingerprint"])
         cm.setdefault("data", {}).update(patch.get("data", {}))
         cm["metadata"].setdefault("annotations", {}).update(patch["metadata"]["annotations"])
 
@@ -187,6 +188,51 @@ def test_a_lost_node_replans_and_resumes():
     assert len(pods) == 2 and "--resume" in " ".join(pods[0]["spec"]["containers"][0]["args"])
     assert sorted(used)[0] not in {p["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
                                    ["nodeSelectorTerms"][0]["matchExpressions"][0]["values"][0] for p in pods}
+
+
+def _relabel_a_used_node(w):
+    """A link label changes on a node the trainers use: a new fingerprint, the same nodes."""
+    used = sorted(w.status["topology"]["nodes"])[0]
+    for n in w.nodes:
+        if n["metadata"]["name"] == used:
+            n["metadata"]["labels"]["autopar.dev/network-bandwidth"] = "200Gbps"
+
+
+@pytest.mark.parametrize("new_step, switched", [(0.03, True), (0.049, False)])
+def test_a_changed_topology_that_still_fits_replans_while_training(new_step, switched):
+    """The running plan's nodes are all still there: training continues while a new plan is made,
+    and the trainers restart under it only if it is faster by more than replanMargin (5 %)."""
+    w = World()
+    w.run_to_training()
+    before = w.status["topologyFingerprint"]
+    running = sorted(p["metadata"]["uid"] if "uid" in p["metadata"] else p["metadata"]["name"] for p in w.pods())
+    _relabel_a_used_node(w)
+    w.step()
+    assert w.status["topologyFingerprint"] != before and w.status["replans"] == 1
+    assert w.conditions()["Replanning"] == "True" and w.status["phase"] == "Training"
+    assert w.status["replanPending"] is True and len(w.pods()) == 2, "the trainers keep running"
+    w.step()
+    assert w.get("Job", r.planner_name(w.job, 1)), "a new planner for the new topology"
+    w.publish_plan(step_seconds=new_step)
+    w.step()
+    reasons = [e["reason"] for e in w.events]
+    if switched:
+        assert reasons[-1] == "FasterPlan" and not w.pods()
+        assert w.status["simulatedStepSeconds"] == new_step and not w.status.get("replanPending")
+        w.step()
+        pods = w.pods()
+        assert len(pods) == 2 and "--resume-if-present" in pods[0]["spec"]["containers"][0]["args"]
+    else:
+        assert reasons[-1] == "PlanKept" and len(w.pods()) == 2
+        assert w.status["simulatedStepSeconds"] == 0.05 and w.status["keptPlanHash"]
+        assert sorted(p["metadata"]["name"] for p in w.pods()) == running
+        assert not [a for a in w.step() if a.verb in ("create", "delete")], "nothing more to do"
+        # a later gang (a failure restarts it) trains the plan the ConfigMap holds now
+        w.set_pods("Failed", only="llm-trainer-0")
+        w.step()
+        w.step()
+        assert len(w.pods()) == 2 and w.status["simulatedStepSeconds"] == new_step
+        assert not w.status.get("keptPlanHash")
 
 
 def test_too_few_nodes_waits_with_the_reasons():
