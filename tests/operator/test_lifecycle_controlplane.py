@@ -254,3 +254,27 @@ def test_operator_killed_and_restarted_mid_job(controlplane, namespace, pool, cl
     assert sorted(f.uid for f in trainers) == uids and {f.phase for f in trainers} == {"Succeeded"}
     planners = [f for f in runner.done if f.name.startswith("lenet-planner")]
     assert len(planners) == 1
+
+
+def test_changed_labels_replan_while_training(controlplane, namespace, pool, claim, runner, operator):
+    """A link label changes on a node the trainers use: a new topology fingerprint, the same nodes.
+    The trainers keep running while a second planner plans for it; the new plan is not faster by
+    more than replanMargin, so the running plan is kept and the same pods finish the job."""
+    plane = controlplane
+    create(plane, namespace, job_manifest(namespace, steps=3000, every=500))
+    gang = wait(plane, namespace, "the gang Running", lambda: running_gang(plane, namespace, 0), timeout=240)
+    wait(plane, namespace, "training under way", lambda: reached_step(runner, "lenet-trainer-0", 20), timeout=120)
+    uids = sorted(p["metadata"]["uid"] for p in gang)
+    before = status(plane, namespace)
+    plane.kubectl("label", "node", gang[0]["spec"]["nodeName"], "autopar.dev/network-bandwidth=100Gbps")
+    s = wait(plane, namespace, "re-planning while training", lambda: (st := status(plane, namespace)).get(
+        "replanPending") and st, timeout=60)
+    assert s["topologyFingerprint"] != before["topologyFingerprint"] and s["phase"] == "Training"
+    assert sorted(p["metadata"]["uid"] for p in running_gang(plane, namespace, 0) or gang) == uids
+    wait(plane, namespace, "the second planner", lambda: any(
+        f.name.startswith("lenet-planner-1") and f.phase == "Succeeded" for f in runner.done), timeout=180)
+    s = wait_phase(plane, namespace, "Succeeded", timeout=240)
+    kept = {c["type"]: c for c in s["conditions"]}["Planned"]
+    assert kept["reason"] == "PlanKept" and s["keptPlanHash"] and s["replans"] == 1, kept
+    trainers = [f for f in runner.done if f.name.startswith("lenet-trainer")]
+    assert sorted(f.uid for f in trainers) == uids and {f.phase for f in trainers} == {"Succeeded"}
