@@ -448,6 +448,10 @@ def tolerates(tolerations: Iterable[Any], taint: Taint) -> bool:
     return False
 
 
+#: nodes a message names at most (eligible ones, and those left out with their reasons)
+MESSAGE_NODES = 12
+
+
 @dataclass(frozen=True)
 class Selection:
     """The outcome of `eligible`: the chosen nodes, every eligible one, and why the others are out."""
@@ -473,10 +477,15 @@ class Selection:
             where = f" ({self.group})" if self.group else ""
             chosen = ", ".join(i.name for i in self.chosen)
             return f"{self.nodes_wanted} node(s) x {self.gpus_per_node} GPU(s): {chosen}{where}"
+        names = [i.name for i in self.candidates]
+        shown = ", ".join(names[:MESSAGE_NODES]) + (f", and {len(names) - MESSAGE_NODES} more"
+                                                     if len(names) > MESSAGE_NODES else "")
         lines = [f"needs {self.nodes_wanted} node(s) with {self.gpus_per_node} free GPU(s) each; "
-                 f"{len(self.candidates)} eligible" + (f" ({', '.join(i.name for i in self.candidates)})"
-                                                       if self.candidates else "")]
-        lines += [f"{n}: {r}" for n, r in self.excluded]
+                 f"{len(self.candidates)} eligible" + (f" ({shown})" if self.candidates else "")]
+        lines += [f"{n}: {r}" for n, r in self.excluded[:MESSAGE_NODES]]
+        if len(self.excluded) > MESSAGE_NODES:
+            # a status message must stay small (a thousand nodes' reasons are ~250 kB)
+            lines.append(f"and {len(self.excluded) - MESSAGE_NODES} more node(s) left out")
         return "; ".join(lines)
 
     def summary(self) -> dict[str, Any]:

@@ -316,3 +316,17 @@ def test_a_discovered_topology_can_be_planned_on(tmp_path):
                                     for n in P4D[:2]})
     slow, _ = d.build_topology(slow_nodes, 2)
     assert 0 < fast < step(slow)
+
+
+def test_the_message_of_too_few_nodes_stays_small_with_a_thousand_nodes():
+    """A status message names a dozen nodes at most, however many were left out."""
+    from autopar.operator.discovery import MESSAGE_NODES, eligible
+    from tests.controlplane.nodes import dgx_h100
+    nodes = []
+    for n in dgx_h100(1000):
+        n = copy.deepcopy(n)
+        n["status"]["conditions"] = [{"type": "Ready", "status": "False", "reason": "KubeletNotReady"}]
+        nodes.append(n)
+    sel = eligible(nodes, DevicesSpec(nodes=2, gpus_per_node=8))
+    assert not sel.ok and len(sel.excluded) == 1000
+    assert len(sel.message) < 4000 and f"and {1000 - MESSAGE_NODES} more node(s) left out" in sel.message
