@@ -91,13 +91,18 @@ class Operator:
 
 
 def job_manifest(namespace: str, name: str = "lenet", *, steps: int = 40, every: int = 0, backoff: int = 2,
-                 deadline: int | None = None, options: dict | None = None) -> dict:
+                 deadline: int | None = None, options: dict | None = None, model: str = "lenet",
+                 ttl: int | None = None) -> dict:
     run_policy: dict = {"backoffLimit": backoff}
     if deadline is not None:
         run_policy["activeDeadlineSeconds"] = deadline
+    if ttl is not None:
+        run_policy["ttlSecondsAfterFinished"] = ttl
+    if options is None:
+        options = {"image": 28} if model == "lenet" else {}
     return {"apiVersion": "autopar.dev/v1alpha1", "kind": "ParallelTrainingJob",
             "metadata": {"name": name, "namespace": namespace},
-            "spec": {"model": {"name": "lenet", "options": options or {"image": 28}},
+            "spec": {"model": {"name": model, "options": options},
                      "training": {"steps": steps, "batchSize": 32, "seed": 3},
                      "devices": {"nodes": 2, "gpusPerNode": 1,
                                  "nodeSelector": {"autopar.dev/test-pool": namespace}},

@@ -7,6 +7,13 @@ against the real API server.
 The pool (`tests.operator.lifecycle.make_pool`): three GPU nodes (AWS p4d, 8 × A100; a job uses
 one GPU on each of two: one trainer process per pod, on the CPU) and one CPU node for the planner
 pods; checkpoints on a PersistentVolumeClaim that every trainer pod of the job mounts.
+
+The flows: create → topology → planner → plan → trainers → Succeeded, and deletion collects
+everything; a trainer dies → the gang restarts from the checkpoint (losses equal an uninterrupted
+run's); backoff exhausted → Failed; a node lost → re-plan → resumed (losses continue exactly);
+suspend and resume; the active deadline; a bad spec → Failed with the message; the operator
+SIGKILLed and restarted mid-job; a link label changed → planned again while training, the slower
+plan kept; a planner that fails → PlannerFailed, then the TTL deletes the job.
 """
 
 from __future__ import annotations
@@ -278,3 +285,20 @@ def test_changed_labels_replan_while_training(controlplane, namespace, pool, cla
     assert kept["reason"] == "PlanKept" and s["keptPlanHash"] and s["replans"] == 1, kept
     trainers = [f for f in runner.done if f.name.startswith("lenet-trainer")]
     assert sorted(f.uid for f in trainers) == uids and {f.phase for f in trainers} == {"Succeeded"}
+
+
+def test_planner_failure_fails_the_job_and_the_ttl_deletes_it(controlplane, namespace, pool, runner, operator):
+    """A user's model the planner pod cannot import (the operator cannot check it: it lives in the
+    job's image): the planner Job fails, the job fails with PlannerFailed naming the planner Job;
+    ``ttlSecondsAfterFinished`` then deletes the job, and the garbage collector what it owned."""
+    plane = controlplane
+    create(plane, namespace, job_manifest(namespace, model="nowhere.models:factory", ttl=5))
+    s = wait_phase(plane, namespace, "Failed", timeout=180)
+    failed = {c["type"]: c for c in s["conditions"]}["Failed"]
+    assert failed["reason"] == "PlannerFailed" and "lenet-planner" in failed["message"], failed
+    planners = [f for f in runner.done if f.name.startswith("lenet-planner")]
+    assert planners and planners[0].phase == "Failed" and planners[0].exit_codes["plan"] != 0
+    assert "nowhere" in runner.logs(planners[0].name)
+    wait(plane, namespace, "the job deleted after its TTL", lambda: plane.kubectl(
+        "get", "ptj", "lenet", "-n", namespace, check=False).returncode != 0, timeout=60)
+    wait(plane, namespace, "every owned object collected", lambda: not owned(plane, namespace), timeout=90)
