@@ -139,7 +139,16 @@ def _defaults(factory: Callable) -> dict[str, object]:
 
 
 def _finish(name: str, factory: Callable, options: dict[str, object]) -> ModelSpec:
-    spec = factory(**options)
+    try:
+        spec = factory(**options)
+    except AutoparError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a model's own code failing is the user's input, said in one line
+        where = f" with {', '.join(f'{k}={v!r}' for k, v in options.items())}" if options else ""
+        raise AutoparError(
+            f"model {name!r}: the factory raised {type(e).__name__}: {e} when called{where}; fix the factory "
+            "(call it in Python to see the traceback)"
+        ) from e
     if not isinstance(spec, ModelSpec):
         raise AutoparError(
             f"model {name!r}: the factory returned a {type(spec).__name__}, not a ModelSpec; "

@@ -237,6 +237,9 @@ def mlp(*, batch=4, hidden=8):
 def not_a_spec(**options):
     return nn.Linear(3, 2)
 
+def broken(*, batch=4):
+    return ModelSpec(name="broken")       # the other fields forgotten: TypeError
+
 class Models:
     small = staticmethod(lambda: mlp(hidden=2))
 
@@ -271,6 +274,7 @@ def test_load_model_accepts_a_zoo_name():
         ("{m}:missing", {}, ["missing", "mlp"]),
         ("{m}:NUMBER", {}, ["NUMBER", "not a callable"]),
         ("{m}:not_a_spec", {}, ["Linear", "not a ModelSpec"]),
+        ("{m}:broken", {"batch": 2}, ["the factory raised TypeError", "batch=2", "fix the factory"]),
         ("{m}:mlp", {"depth": 3}, ["depth"]),
         ("{m}:", {}, ["package.module:factory"]),
     ],
