@@ -119,6 +119,16 @@ def _restart_label(pod: dict[str, Any]) -> int:
     return int((pod.get("metadata", {}).get("labels") or {}).get(r.LABEL_RESTART, "0"))
 
 
+def _replacing(old: Any, new: Any) -> Any:
+    """A JSON merge patch (RFC 7386) that turns `old` into `new`: keys `new` lacks become null, so
+    a lost node does not linger in the status's nested maps."""
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return new
+    out = {k: None for k in old if k not in new}
+    out.update({k: _replacing(old.get(k), v) for k, v in new.items()})
+    return out
+
+
 def _pod_node(pod: dict[str, Any]) -> str | None:
     """The node a trainer pod was placed on: the one its plan named (or where it was scheduled)."""
     return (pod["metadata"].get("annotations") or {}).get(r.ANN_NODE) or (pod.get("spec") or {}).get("nodeName")
@@ -222,26 +232,26 @@ def _decide(obs: Observed, settings: Settings) -> list[Action]:
             if pinned:
                 return actions + _status(
                     obs, "Planned", "PlanKept", "the topology changed but the pinned plan's nodes are all still "
-                    "there: training continues", topologyFingerprint=fingerprint, topology=found.report.summary(),
+                    "there: training continues", topologyFingerprint=fingerprint, topology=_replacing(status.get("topology"), found.report.summary()),
                     devices=_devices(found))
             return actions + _status(
                 obs, "Replanning", "TopologyChanged",
                 f"the topology changed ({len(node_names)} nodes now); planning again while training continues on the "
                 f"current plan, which is replaced only by a plan more than {job.spec.planner.replan_margin:.0%} "
-                "faster", phase="Training", topologyFingerprint=fingerprint, topology=found.report.summary(),
+                "faster", phase="Training", topologyFingerprint=fingerprint, topology=_replacing(status.get("topology"), found.report.summary()),
                 replans=attempt, devices=_devices(found), replanPending=True, keptPlanHash=None)
         return actions + _delete_pods(obs) + _status(
             obs, "Replanning", "TopologyChanged",
             f"the topology changed ({len(node_names)} nodes now); planning again, then training resumes from "
             "the last checkpoint", phase="Planning", topologyFingerprint=fingerprint,
-            topology=found.report.summary(), replans=attempt, devices=_devices(found),
+            topology=_replacing(status.get("topology"), found.report.summary()), replans=attempt, devices=_devices(found),
             planHash=None, replanPending=None)
 
     if known_fp is None:
         actions += _status(obs, "Planning", "TopologyDiscovered",
                            f"{len(node_names)} node(s), {len(node_names) * job.spec.devices.gpus_per_node} GPU(s): "
                            + ", ".join(node_names), phase="Planning", topologyFingerprint=fingerprint,
-                           topology=found.report.summary(), devices=_devices(found))
+                           topology=_replacing(status.get("topology"), found.report.summary()), devices=_devices(found))
 
     # plan
     attempt = int(status.get("replans") or 0)

@@ -180,6 +180,8 @@ def test_a_lost_node_replans_and_resumes():
     w.step()
     assert w.conditions()["Replanning"] == "True" and w.status["replans"] == 1 and not w.pods()
     assert w.status["topologyFingerprint"] != before
+    lost = sorted(used)[0]
+    assert w.status["topology"]["network"][lost] is None, "the status patch removes the lost node"
     w.step()
     assert w.get("Job", r.planner_name(w.job, 1)), "a new planner for the new topology"
     w.publish_plan()
