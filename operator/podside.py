@@ -45,6 +45,7 @@ from .status import progress_fields
 log = logging.getLogger("autopar.operator.podside")
 
 METRIC_STEPS = "autopar_trainer_steps"                       # a counter: samples are ..._total
+METRIC_STEP = "autopar_trainer_step"                         # a gauge: the step from the start of training
 METRIC_STEP_SECONDS = "autopar_trainer_step_seconds"         # a histogram: ..._sum, ..._count
 METRIC_PREDICTED = "autopar_trainer_predicted_step_seconds"  # a gauge (0 when the plan had none)
 METRIC_LOSS = "autopar_trainer_loss"
@@ -97,6 +98,7 @@ class Scrape:
     seconds_count: float
     predicted: float | None
     loss: float | None = None
+    step: int | None = None        # autopar_trainer_step: counted from the start of training
 
 
 def parse_metrics(text: str) -> Scrape:
@@ -104,6 +106,7 @@ def parse_metrics(text: str) -> Scrape:
     from prometheus_client.parser import text_string_to_metric_families
 
     steps = ssum = scount = 0.0
+    step: float | None = None           # the step number from the start of training (resumes included)
     predicted: float | None = None
     loss: float | None = None
     seen = False
@@ -116,6 +119,8 @@ def parse_metrics(text: str) -> Scrape:
             if s.name == f"{METRIC_STEPS}_total":
                 steps += s.value
                 seen = True
+            elif s.name == METRIC_STEP and math.isfinite(s.value):
+                step = max(step or 0.0, s.value)
             elif s.name == f"{METRIC_STEP_SECONDS}_sum":
                 ssum += s.value
             elif s.name == f"{METRIC_STEP_SECONDS}_count":
@@ -126,7 +131,7 @@ def parse_metrics(text: str) -> Scrape:
                 loss = s.value
     if not seen:
         raise PodsideError(f"the metrics have no {METRIC_STEPS}_total: not an autopar trainer's endpoint")
-    return Scrape(int(steps), ssum, scount, predicted, loss)
+    return Scrape(int(steps), ssum, scount, predicted, loss, int(step) if step is not None else None)
 
 
 def step_seconds(now: Scrape, before: Scrape | None) -> float | None:
@@ -174,7 +179,7 @@ def report_progress(client: KubeClient, namespace: str, job: str, metrics_url: s
             window = step_seconds(now, before)
             measured = window if window is not None else measured
             before = now
-            fields = progress_fields(now.steps, measured, now.predicted)
+            fields = progress_fields(now.step if now.step is not None else now.steps, measured, now.predicted)
             if fields != last_fields:
                 try:
                     client.patch(where, {"status": fields}, "merge")
@@ -190,7 +195,8 @@ def report_progress(client: KubeClient, namespace: str, job: str, metrics_url: s
                         return EXIT_NOTHING
                 else:
                     last_fields = fields
-                    log.info("report-progress: step %d, %s per step%s", now.steps, fields["actualStep"] or "?",
+                    log.info("report-progress: step %d, %s per step%s", fields["completedSteps"],
+                             fields["actualStep"] or "?",
                              f", prediction error {fields['predictionError']:+.1%}"
                              if fields["predictionError"] is not None else "")
             if once:

@@ -43,6 +43,8 @@ class StepMetrics:
                                       names, registry=self.registry, buckets=_BUCKETS).labels(**labels)
         self.steps = Counter("autopar_trainer_steps", "training steps finished", names,
                              registry=self.registry).labels(**labels)
+        self.step = Gauge("autopar_trainer_step", "the last finished step, counted from the start of training "
+                          "(a resumed run continues the count)", names, registry=self.registry).labels(**labels)
         self.loss = Gauge("autopar_trainer_loss", "loss of the last step", names, registry=self.registry).labels(**labels)
         self.throughput = Gauge("autopar_trainer_samples_per_second", "samples per second of the last step", names,
                                 registry=self.registry).labels(**labels)
@@ -62,10 +64,12 @@ class StepMetrics:
         self.losses: list[float] = []
         self.traced: list[bool] = []
 
-    def record(self, seconds: float, loss: float, samples: int, traced: bool = False) -> None:
-        """One finished step; a `traced` step (under torch.profiler) is kept out of `untraced_times`."""
+    def record(self, seconds: float, loss: float, samples: int, traced: bool = False, step: int | None = None) -> None:
+        """One finished step (`step`: its number from the start of training, 1-based); a `traced`
+        step (under torch.profiler) is kept out of `untraced_times`."""
         self.step_seconds.observe(seconds)
         self.steps.inc()
+        self.step.set(step if step is not None else len(self.times) + 1)
         self.loss.set(loss)
         self.throughput.set(samples / seconds if seconds > 0 else 0.0)
         self.times.append(seconds)

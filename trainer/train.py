@@ -240,7 +240,7 @@ def rank_main(rank: int, world: int, job: Job, device_kind: str = "cpu") -> dict
                 seconds = time.perf_counter() - t0
             loss = trainer.global_loss(local)
             if metrics is not None:
-                metrics.record(seconds, loss, batch, traced=traced)
+                metrics.record(seconds, loss, batch, traced=traced, step=step + 1)
                 if bar is not None:
                     bar.advance(loss, seconds)
                 elif cfg.log:

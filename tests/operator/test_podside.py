@@ -402,6 +402,18 @@ def test_parse_the_trainers_metrics():
     second = parse_metrics(generate_latest(m.registry).decode())
     assert step_seconds(second, first) == pytest.approx(0.2)
     assert step_seconds(second, second) == pytest.approx(0.9 / 4)       # no new step: the mean so far
+    assert second.step == 4
+
+
+def test_a_resumed_trainer_reports_the_step_from_the_start_of_training():
+    """After a restart from the checkpoint of step 100, three more steps are steps 101..103 (the
+    job's completedSteps), though this process ran three."""
+    from prometheus_client import generate_latest
+    m = StepMetrics("lenet", "plan")
+    for step in (101, 102, 103):
+        m.record(0.1, loss=1.0, samples=32, step=step)
+    scrape = parse_metrics(generate_latest(m.registry).decode())
+    assert (scrape.steps, scrape.step) == (3, 103)
     unpredicted = parse_metrics(generate_latest(StepMetrics("lenet", "plan").registry).decode())
     assert unpredicted.predicted is None and step_seconds(unpredicted, None) is None
     with pytest.raises(PodsideError, match="not an autopar trainer"):
