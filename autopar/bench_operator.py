@@ -32,6 +32,9 @@ others got first, and a pinned plan can be made for it beforehand.
    level Metadata), each request counted once (by audit ID), from the first job's create until
    every job's pods exist plus `SETTLE_SECONDS`, divided by the number of jobs; the operator's
    start-up requests (listing and watching) are reported apart.
+   The operator's own figure, its ``autopar_topology_discovery_seconds`` histogram (one
+   observation per reconcile, on the nodes of its index), is read from its /metrics at the end
+   and reported beside it (``discovery_s.operator``).
 4. **peak RSS**: ``VmHWM`` of the operator process (/proc/<pid>/status) at the end.
 5. **handler errors**: the operator's ``autopar_handler_errors_total`` (its /metrics) and the
    ERROR lines and tracebacks of its log (kopf logs a failed handler at ERROR).
@@ -283,6 +286,38 @@ def _scrape(port: int) -> str:
         return r.read().decode()
 
 
+def discovery_from_metrics(text: str) -> dict[str, Any] | None:
+    """The operator's own ``autopar_topology_discovery_seconds`` histogram (one observation per
+    reconcile): calls, mean, and the upper bounds of the buckets holding the median, the 95th
+    percentile and the slowest call (a histogram keeps no exact quantiles).  None when absent."""
+    buckets: list[tuple[float, float]] = []
+    total = count = None
+    for line in text.splitlines():
+        m = re.match(r'autopar_topology_discovery_seconds_bucket\{le="([^"]+)"\}\s+([0-9.eE+-]+)$', line)
+        if m:
+            buckets.append((float(m.group(1)), float(m.group(2))))
+            continue
+        m = re.match(r"autopar_topology_discovery_seconds_(sum|count)\s+([0-9.eE+-]+)$", line)
+        if m:
+            if m.group(1) == "sum":
+                total = float(m.group(2))
+            else:
+                count = float(m.group(2))
+    if count is None:
+        return None
+    buckets.sort()
+
+    def bound(q: float) -> float | None:
+        if not count:
+            return None
+        rank = math.ceil(q / 100 * count)
+        return next((le for le, n in buckets if n >= rank), None)
+    return {"calls": int(count), "mean": round(total / count, 4) if count and total is not None else None,
+            "p50_le": bound(50), "p95_le": bound(95), "max_le": bound(100),
+            "how": "the operator's autopar_topology_discovery_seconds histogram (its /metrics at the end): "
+                   "one observation per reconcile, over the nodes of its index; *_le are bucket upper bounds"}
+
+
 def handler_errors_from_metrics(text: str) -> dict[str, float]:
     out: dict[str, float] = {}
     for line in text.splitlines():
@@ -511,7 +546,9 @@ def run_operator_bench(quick: bool = False, *, nodes: int | None = None, jobs: i
         try:
             metrics_text = _scrape(port)
             metric_errors = handler_errors_from_metrics(metrics_text)
+            op_discovery = discovery_from_metrics(metrics_text)
         except OSError as e:
+            op_discovery = None
             metrics_text, metric_errors = "", {"<scrape failed>": float("nan")}
             _log(progress, f"cannot scrape the operator's /metrics: {e}")
         phases: dict[str, int] = {}
@@ -527,7 +564,7 @@ def run_operator_bench(quick: bool = False, *, nodes: int | None = None, jobs: i
         after = [q for q in reqs if wall_pods < q["t"] <= wall_end]
         doc = _document(n_nodes, n_jobs, quick, groups, pool, lat, lat_run, per_job, disc_s, len(api_nodes),
                         startup, window, after, wall_end - wall_pods, rss, metric_errors, errs, other_errs, phases,
-                        timings, watch.error)
+                        timings, watch.error, op_discovery)
         ok = True
         return doc
     finally:
@@ -552,7 +589,8 @@ def _stats(values: list[float]) -> dict[str, float | None]:
 
 
 def _document(n_nodes, n_jobs, quick, groups, pool, lat, lat_run, per_job, disc_s, api_nodes, startup, window,
-              after, after_s, rss, metric_errors, errs, other_errs, phases, timings, watch_error) -> dict[str, Any]:
+              after, after_s, rss, metric_errors, errs, other_errs, phases, timings, watch_error,
+              op_discovery=None) -> dict[str, Any]:
     products: dict[str, int] = {}
     for node in pool:
         p = node["metadata"]["labels"]["nvidia.com/gpu.product"]
@@ -583,7 +621,8 @@ def _document(n_nodes, n_jobs, quick, groups, pool, lat, lat_run, per_job, disc_
         "create_to_running_s": {**_stats(lat_run), "jobs": len(lat_run)},
         "discovery_s": {**disc, "nodes": api_nodes, "calls": len(disc_s),
                         "how": "operator.discovery.discover (the operator's per-tick call) on the API server's "
-                               "Node objects, once per job with its spec.devices"},
+                               "Node objects, once per job with its spec.devices",
+                        "operator": op_discovery},
         "api_requests": {
             "per_job": round(len(window) / n_jobs, 2) if n_jobs else None, "during_jobs": len(window),
             "startup": len(startup), "after_pods_per_s": round(len(after) / after_s, 2) if after_s > 0 else None,
@@ -624,6 +663,10 @@ def print_table(doc: dict[str, Any]) -> None:
     t.add_row("create → all trainer pods Running, p95", fmt(run["p95"]), "", "")
     t.add_row(f"topology discovery over {disc['nodes']} nodes, p50", fmt(disc["p50"]), "", "")
     t.add_row(f"topology discovery over {disc['nodes']} nodes, max", fmt(disc["max"]), "≤ 1 s", ok("discovery_s"))
+    op_disc = disc.get("operator") or {}
+    if op_disc.get("calls"):
+        t.add_row(f"  in the operator ({op_disc['calls']} reconciles), mean / p95 ≤",
+                  f"{fmt(op_disc['mean'])} / {fmt(op_disc['p95_le'])}", "", "")
     t.add_row("API requests per job", f"{api['per_job']}", "", "")
     t.add_row("API requests at start-up", f"{api['startup']}", "", "")
     t.add_row("operator peak RSS", fmt(doc["operator_peak_rss_mb"], " MB"), "≤ 300 MB", ok("operator_peak_rss_mb"))

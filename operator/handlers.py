@@ -9,6 +9,21 @@ label), so a reconcile lists nothing.  A timer on every ParallelTrainingJob call
 API server (`operator.kube.KubeClient`): creates (a 409 Conflict means already done), deletes
 (background propagation), Events, and the status patch (kopf writes it to ``/status``).  The
 decisions are idempotent, so a restarted operator picks up where the job is.
+
+What keeps a tick short when many jobs arrive at once (``autopar bench operator``):
+
+* the indexes are ``async`` handlers, so kopf runs them on its event loop instead of queueing
+  every node heartbeat and pod event for the thread pool the ticks run in;
+* a tick's independent creates go out together (`_execute_all`): first everything but the trainer
+  pods (the pods need their ServiceAccount), then the pods; its Events after them, in order;
+* `RecentCreates`: what this operator created in the last seconds is not POSTed again by a tick
+  that runs before the watch has brought it into the index (it would only meet 409 Conflict);
+  an entry goes when the index shows the object, when the operator deletes it, or after
+  `RECENT_SECONDS` -- so a restarted operator, which remembers nothing, creates what is missing;
+* ``MAX_WORKERS`` threads for the ticks instead of kopf's default (6 on two cores).
+
+/readyz says 200 only once kopf has the initial listing of every index (`_indexes_complete`):
+before that kopf handles no job, which with a thousand nodes takes seconds.
 """
 
 from __future__ import annotations
@@ -16,6 +31,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +48,13 @@ from .reconcile import Action, Observed, Settings, reconcile
 from .status import FINISHED, transition
 
 TICK_SECONDS = 1.0
+#: threads for the sync handlers (the ticks): each mostly waits on the API server; kopf's default
+#: is min(32, CPUs + 4), 6 on two cores, which queues the jobs behind each other
+MAX_WORKERS = 32
+#: threads that send one tick's creates together (shared by all ticks)
+REQUEST_WORKERS = 32
+#: how long a create of this operator counts as done while the index does not show the object yet
+RECENT_SECONDS = 15.0
 #: kind -> (API group, version, plural) of what the operator creates
 KINDS = {
     "ConfigMap": ("", "v1", "configmaps"), "Pod": ("", "v1", "pods"), "Service": ("", "v1", "services"),
@@ -40,18 +64,81 @@ KINDS = {
 }
 
 
+class RecentCreates:
+    """The objects this operator created in the last `ttl` seconds, by job uid, kind and name.
+
+    The index learns of a created object only when the watch brings it, which under load takes
+    longer than a tick: without this, the next tick POSTs the same children again (409 Conflict,
+    a request the API server must still serve).  Only this process's memory: a restarted operator
+    starts empty and creates what is missing, as before."""
+
+    def __init__(self, ttl: float = RECENT_SECONDS, clock=time.monotonic) -> None:
+        self.ttl, self.clock = ttl, clock
+        self._at: dict[tuple[str, str, str], float] = {}
+        self._lock = threading.Lock()
+
+    def fresh(self, uid: str, kind: str, name: str) -> bool:
+        """Created (or found existing) by this operator less than `ttl` seconds ago."""
+        with self._lock:
+            at = self._at.get((uid, kind, name))
+            if at is None:
+                return False
+            if self.clock() - at >= self.ttl:
+                del self._at[(uid, kind, name)]
+                return False
+            return True
+
+    def remember(self, uid: str, kind: str, name: str) -> None:
+        with self._lock:
+            now = self.clock()
+            if len(self._at) > 4096:        # old entries of jobs gone without a tick to clear them
+                for key in [k for k, at in self._at.items() if now - at >= self.ttl]:
+                    del self._at[key]
+            self._at[(uid, kind, name)] = now
+
+    def forget(self, uid: str, kind: str, name: str) -> None:
+        with self._lock:
+            self._at.pop((uid, kind, name), None)
+
+    def seen(self, uid: str, kind: str, names) -> None:
+        """The index shows these objects: no need to remember them any more (if one goes away
+        later, e.g. the gang's pods are deleted, the next create is sent at once)."""
+        with self._lock:
+            for name in names:
+                self._at.pop((uid, kind, name), None)
+
+    def forget_job(self, uid: str) -> None:
+        with self._lock:
+            for key in [k for k in self._at if k[0] == uid]:
+                del self._at[key]
+
+    def __len__(self) -> int:
+        return len(self._at)
+
+
 @dataclass
 class Runtime:
-    """What the handlers share: the API client, the settings, the metrics."""
+    """What the handlers share: the API client, the settings, the metrics, what was just created."""
 
     client: KubeClient | None = None
     settings: Settings = field(default_factory=Settings)
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
     ready: threading.Event = field(default_factory=threading.Event)
+    recent: RecentCreates = field(default_factory=RecentCreates)
 
 
 RUNTIME = Runtime()
 log = logging.getLogger("autopar.operator")
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(REQUEST_WORKERS, thread_name_prefix="autopar-request")
+        return _POOL
 
 
 def _plain(body: Any) -> Any:
@@ -66,15 +153,22 @@ def _plain(body: Any) -> Any:
 # -- indexes -------------------------------------------------------------------------------------
 
 @kopf.index("nodes")
-def nodes_index(body, **_):
+async def nodes_index(body, **_):
     """What discovery reads of each node (`NodeInfo`), parsed once per node event: every tick of
     every job reads all nodes, and a whole Node object (managedFields, images, conditions) is
-    several times larger than what autopar uses of it."""
-    return {None: parse_node(_plain(body))}
+    several times larger than what autopar uses of it.  Only the fields `parse_node` reads are
+    copied (kopf calls this on its event loop for every node heartbeat)."""
+    meta, spec, status = body.get("metadata") or {}, body.get("spec") or {}, body.get("status") or {}
+    node = {"metadata": {"name": meta.get("name"), "labels": _plain(meta.get("labels") or {}),
+                         "annotations": _plain(meta.get("annotations") or {})},
+            "spec": {"taints": _plain(spec.get("taints") or []), "unschedulable": spec.get("unschedulable")},
+            "status": {k: _plain(status.get(k)) for k in ("allocatable", "capacity", "conditions")
+                       if status.get(k) is not None}}
+    return {None: parse_node(node)}
 
 
 @kopf.index("pods")
-def gpus_index(spec, status, labels, **_):
+async def gpus_index(spec, status, labels, **_):
     """GPUs requested by live pods, by node (and the job that owns the pod, if one of ours)."""
     node = spec.get("nodeName")
     if not node or (status or {}).get("phase") in ("Succeeded", "Failed"):
@@ -88,7 +182,7 @@ def gpus_index(spec, status, labels, **_):
 
 
 def _owned(kind: str):
-    def index(namespace, labels, body, **_):
+    async def index(namespace, labels, body, **_):
         return {(namespace, labels[r.LABEL_JOB], kind): _plain(body)}
     return index
 
@@ -124,9 +218,28 @@ def startup(settings: kopf.OperatorSettings, **_):
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="autopar.dev")
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
+    # a deleted job's timer stops within a tick, but kopf checks again only after
+    # cancellation_polling (60 s by default) before it removes its finalizer: every deletion (TTL,
+    # kubectl delete) would wait a minute for the garbage collector (tests/chart/test_rbac_audit.py)
+    settings.background.cancellation_polling = TICK_SECONDS
+    settings.execution.max_workers = MAX_WORKERS
     if RUNTIME.client is None:
         RUNTIME.client = KubeClient.default()
-    RUNTIME.ready.set()
+
+
+def _indexes_complete(**_) -> bool:
+    """kopf runs no handler of any object until every index holds its initial listing (the
+    nodes, the pods, the children): the first event that gets this far says the operator is
+    ready (/readyz), i.e. a job created now is handled now.  A filter, not a handler: nothing
+    runs, nothing is logged."""
+    if not RUNTIME.ready.is_set():
+        RUNTIME.ready.set()
+    return False
+
+
+@kopf.on.event("nodes", when=_indexes_complete)
+async def indexes_complete(**_):
+    """Never called (its filter says no): it makes the node events go as far as the handlers."""
 
 
 @kopf.timer(GROUP, VERSION, PLURAL, interval=TICK_SECONDS, idle=None)
@@ -155,16 +268,75 @@ def tick(name, namespace, uid, meta, spec, status, patch, nodes_index, gpus_inde
                    plan_configmap=one(configmaps_index, "ConfigMap", r.plan_configmap_name(job)),
                    planner_job=one(jobs_index, "Job", r.planner_name(job, attempt)),
                    service=one(services_index, "Service", r.service_name(job)),
-                   pods=list(pods_index.get((namespace, name, "Pod"), [])))
+                   pods=list(pods_index.get((namespace, name, "Pod"), [])), timings={})
+    recent = RUNTIME.recent
+    for kind, objs in (("ConfigMap", configmaps_index.get((namespace, name, "ConfigMap"), [])),
+                       ("Job", jobs_index.get((namespace, name, "Job"), [])),
+                       ("Service", services_index.get((namespace, name, "Service"), [])),
+                       ("Pod", obs.pods)):
+        if objs:
+            recent.seen(uid, kind, [o["metadata"]["name"] for o in objs])
     actions = reconcile(obs, RUNTIME.settings)
-    for action in actions:
+    if "discovery" in obs.timings:
+        RUNTIME.metrics.discovered(obs.timings["discovery"])
+    _execute_all(actions, namespace, name, uid, patch)
+    merged = {**current, **next((a.patch for a in actions if a.verb == "status"), {})}
+    RUNTIME.metrics.observe_job(namespace, name, merged)
+
+
+def _create_key(action: Action) -> tuple[str, str]:
+    return action.obj["kind"], action.obj["metadata"]["name"]
+
+
+def _execute_all(actions: list[Action], namespace: str, name: str, uid: str, patch) -> None:
+    """Execute one decision's actions.  Deletes and the status patch in their order; a run of
+    creates together, what is neither a Pod nor a RoleBinding first (a Pod needs its
+    ServiceAccount, a RoleBinding its Role), then the Pods and RoleBindings;
+    the Events last, one after another in their order.  A create this operator made a moment
+    ago (`RecentCreates`) is not sent again."""
+    recent = RUNTIME.recent
+    events: list[Action] = []
+    batch: list[Action] = []
+
+    def run(action: Action) -> None:
         try:
             _execute(action, namespace, name, patch)
+            if action.verb == "create":
+                recent.remember(uid, *_create_key(action))     # 201 Created or 409: it exists
         except KubeError as e:
             RUNTIME.metrics.handler_failed("tick")
             log.warning("job %s/%s: %r failed: %s", namespace, name, action, e)
-    merged = {**current, **next((a.patch for a in actions if a.verb == "status"), {})}
-    RUNTIME.metrics.observe_job(namespace, name, merged)
+
+    def together(group: list[Action]) -> None:
+        if len(group) == 1:
+            run(group[0])
+        elif group:
+            list(_pool().map(run, group))
+
+    def flush() -> None:
+        # a Pod needs its ServiceAccount, and a RoleBinding its Role: the API server's RBAC
+        # escalation check looks the Role up, and without it answers 404 NotFound to an operator
+        # that lacks the bind verb (the chart's ServiceAccount; an admin never sees it), and
+        # reconcile does not send the create again (tests/chart/test_rbac_audit.py)
+        second = ("Pod", "RoleBinding")
+        together([a for a in batch if a.obj["kind"] not in second])
+        together([a for a in batch if a.obj["kind"] in second])
+        batch.clear()
+
+    for action in actions:
+        if action.verb == "event":
+            events.append(action)
+        elif action.verb == "create":
+            if not recent.fresh(uid, *_create_key(action)):
+                batch.append(action)
+        else:
+            flush()
+            if action.verb == "delete":
+                recent.forget(uid, action.kind, action.name)
+            run(action)
+    flush()
+    for action in events:
+        run(action)
 
 
 def _unreadable(error: Exception, name: str, namespace: str, uid: str, meta, status, patch) -> None:
@@ -228,9 +400,12 @@ def _execute(action: Action, namespace: str, name: str, patch) -> None:
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)
-def forget(name, namespace, **_):
-    """A deleted job's metrics go with it; its children go with the garbage collector."""
+def forget(name, namespace, uid, **_):
+    """A deleted job's metrics go with it; its children go with the garbage collector.  (An
+    ``on.event`` handler would spare the diff-base annotation kopf writes on every new job, but
+    then kopf, left with only the timer, never takes its finalizer off a deleted job.)"""
     RUNTIME.metrics.forget_job(namespace, name)
+    RUNTIME.recent.forget_job(uid)
 
 
 def run(*, namespaces: list[str] | None = None, kubeconfig: str | None = None, image: str | None = None,
@@ -254,8 +429,8 @@ def run(*, namespaces: list[str] | None = None, kubeconfig: str | None = None, i
     if kubeconfig:
         os.environ["KUBECONFIG"] = kubeconfig   # kopf's login_with_kubeconfig reads it
     try:
-        kopf.run(standalone=peering is None, peering_name=peering, clusterwide=not namespaces, namespaces=namespaces or (), stop_flag=stop_flag,
-                 ready_flag=ready_flag)
+        kopf.run(standalone=peering is None, peering_name=peering, clusterwide=not namespaces,
+                 namespaces=namespaces or (), stop_flag=stop_flag, ready_flag=ready_flag)
     finally:
         if server is not None:
             server.shutdown()

@@ -4,14 +4,17 @@
     metrics.observe_job("team-a", "quickstart", status)     # after every status write
     server = metrics.serve(8080)                           # /metrics, /healthz, /readyz
 
-Per job (labels ``namespace``, ``job``; DESIGN.md fixes the first three names):
+Per job (labels ``namespace``, ``job``; the names `autopar.job.metrics` defines for both drivers):
 ``autopar_job_simulated_step_seconds``, ``autopar_job_actual_step_seconds``,
 ``autopar_job_prediction_error`` (simulated / measured - 1), ``autopar_job_predicted_speedup``,
 ``autopar_job_data_parallel_step_seconds``, ``autopar_job_completed_steps``,
-``autopar_job_restarts_total`` and ``autopar_job_replans_total``.  Operator-wide:
-``autopar_jobs`` by phase, ``autopar_plan_search_seconds`` (a histogram of planner searches) and
-``autopar_handler_errors_total`` by handler.  A job's series go away when the job does
-(`forget_job`), so a dashboard never shows a deleted job's last value as current.
+``autopar_job_restarts_total``, ``autopar_job_replans_total``, and ``autopar_job_phase``
+(label ``phase`` too: 1 for the job's current phase, 0 for the others, as kube-state-metrics'
+``kube_pod_status_phase``).  Operator-wide: ``autopar_jobs`` by phase,
+``autopar_plan_search_seconds`` (a histogram of planner searches),
+``autopar_topology_discovery_seconds`` (a histogram of the topology discovery each reconcile
+runs over the nodes) and ``autopar_handler_errors_total`` by handler.  A job's series go away
+when the job does (`forget_job`), so a dashboard never shows a deleted job's last value as current.
 """
 
 from __future__ import annotations
@@ -22,18 +25,10 @@ from typing import Any, Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from autopar.job.metrics import JOB_GAUGES, JOB_LABELS, SPEEDUP_GAUGE
 from autopar.job.spec import PHASES
 
-JOB_LABELS = ("namespace", "job")
-#: status field -> gauge name and help
-_JOB_GAUGES = {
-    "simulatedStepSeconds": ("autopar_job_simulated_step_seconds", "simulated step time of the job's plan"),
-    "actualStepSeconds": ("autopar_job_actual_step_seconds", "median measured step time of the job's plan"),
-    "predictionError": ("autopar_job_prediction_error", "simulated / measured step time - 1"),
-    "dataParallelStepSeconds": ("autopar_job_data_parallel_step_seconds",
-                                "simulated step time of data parallelism on the job's devices"),
-    "completedSteps": ("autopar_job_completed_steps", "training steps completed"),
-}
+DISCOVERY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
 
 class OperatorMetrics:
@@ -41,15 +36,19 @@ class OperatorMetrics:
         self.registry = registry or CollectorRegistry()
         r = self.registry
         self.gauges = {field: Gauge(name, help_text, JOB_LABELS, registry=r)
-                       for field, (name, help_text) in _JOB_GAUGES.items()}
-        self.speedup = Gauge("autopar_job_predicted_speedup", "simulated speedup of the plan over data parallelism",
-                             JOB_LABELS, registry=r)
+                       for field, (name, help_text) in JOB_GAUGES.items()}
+        self.speedup = Gauge(*SPEEDUP_GAUGE, JOB_LABELS, registry=r)
         self.restarts = Counter("autopar_job_restarts", "gang restarts of the job's trainers", JOB_LABELS, registry=r)
         self.replans = Counter("autopar_job_replans", "times the job was planned again", JOB_LABELS, registry=r)
         self.jobs = Gauge("autopar_jobs", "jobs by phase", ("phase",), registry=r)
         self.search = Histogram("autopar_plan_search_seconds", "wall time of a plan search", registry=r,
                                 buckets=(1, 5, 10, 30, 60, 120, 300, 600, 1800))
         self.errors = Counter("autopar_handler_errors", "handler errors", ("handler",), registry=r)
+        self.phase = Gauge("autopar_job_phase", "1 for the job's current phase, 0 for the others",
+                           (*JOB_LABELS, "phase"), registry=r)
+        self.discovery = Histogram("autopar_topology_discovery_seconds",
+                                   "wall time of one topology discovery over the nodes (one per reconcile)",
+                                   registry=r, buckets=DISCOVERY_BUCKETS)
         self._phases: dict[tuple[str, str], str] = {}
         self._lock = threading.Lock()
         for phase in PHASES:
@@ -68,8 +67,12 @@ class OperatorMetrics:
         phase = status.get("phase")
         if phase in PHASES:
             with self._lock:
+                before = self._phases.get((namespace, name))
                 self._phases[(namespace, name)] = phase
-                self._recount()
+                if before != phase:
+                    for p in PHASES:
+                        self.phase.labels(namespace, name, p).set(1 if p == phase else 0)
+                    self._recount()
 
     def restarted(self, namespace: str, name: str) -> None:
         self.restarts.labels(namespace, name).inc()
@@ -79,6 +82,9 @@ class OperatorMetrics:
 
     def searched(self, seconds: float) -> None:
         self.search.observe(seconds)
+
+    def discovered(self, seconds: float) -> None:
+        self.discovery.observe(seconds)
 
     def handler_failed(self, handler: str) -> None:
         self.errors.labels(handler).inc()
@@ -92,6 +98,11 @@ class OperatorMetrics:
                 pass
         with self._lock:
             self._phases.pop((namespace, name), None)
+            for p in PHASES:
+                try:
+                    self.phase.remove(namespace, name, p)
+                except KeyError:
+                    pass
             self._recount()
 
     def _recount(self) -> None:

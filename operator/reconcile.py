@@ -31,6 +31,7 @@ creates nothing twice (a create that meets 409 Conflict is done).
 from __future__ import annotations
 
 import datetime as _dt
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,6 +75,8 @@ class Observed:
     service: dict[str, Any] | None = None
     pods: list[dict[str, Any]] = field(default_factory=list)
     now: _dt.datetime = field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc))
+    #: filled in by `reconcile` when given: seconds spent on "discovery" (the operator's metric)
+    timings: dict[str, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -200,14 +203,20 @@ def _decide(obs: Observed, settings: Settings) -> list[Action]:
                                            f"({policy.active_deadline_seconds} s)", phase="Failed")
 
     # topology
+    t0 = time.perf_counter()
     try:
         found = discover(obs.nodes, job.spec.devices, obs.free_gpus, name=f"{job.name}-topology")
     except DiscoveryError as e:
+        if obs.timings is not None:
+            obs.timings["discovery"] = time.perf_counter() - t0
         if phase == "Pending" and status.get("message") == str(e):
             return []
         return [Action("status", patch={"phase": "Pending", "message": str(e)})] if phase in ("Pending",) else \
             _delete_pods(obs) + _status(obs, "Replanning", "NodesLost", f"{e}; waiting for nodes", phase="Planning")
+    if obs.timings is not None:
+        obs.timings["discovery"] = time.perf_counter() - t0
     fingerprint = found.report.fingerprint
+    topology = _replacing(status.get("topology"), found.report.summary())
     node_names = list(found.report.nodes)
     actions: list[Action] = []
     topo_fp = (obs.topology_configmap or {}).get("metadata", {}).get("annotations", {}).get(
@@ -232,26 +241,26 @@ def _decide(obs: Observed, settings: Settings) -> list[Action]:
             if pinned:
                 return actions + _status(
                     obs, "Planned", "PlanKept", "the topology changed but the pinned plan's nodes are all still "
-                    "there: training continues", topologyFingerprint=fingerprint, topology=_replacing(status.get("topology"), found.report.summary()),
+                    "there: training continues", topologyFingerprint=fingerprint, topology=topology,
                     devices=_devices(found))
             return actions + _status(
                 obs, "Replanning", "TopologyChanged",
                 f"the topology changed ({len(node_names)} nodes now); planning again while training continues on the "
                 f"current plan, which is replaced only by a plan more than {job.spec.planner.replan_margin:.0%} "
-                "faster", phase="Training", topologyFingerprint=fingerprint, topology=_replacing(status.get("topology"), found.report.summary()),
+                "faster", phase="Training", topologyFingerprint=fingerprint, topology=topology,
                 replans=attempt, devices=_devices(found), replanPending=True, keptPlanHash=None)
         return actions + _delete_pods(obs) + _status(
             obs, "Replanning", "TopologyChanged",
             f"the topology changed ({len(node_names)} nodes now); planning again, then training resumes from "
             "the last checkpoint", phase="Planning", topologyFingerprint=fingerprint,
-            topology=_replacing(status.get("topology"), found.report.summary()), replans=attempt, devices=_devices(found),
+            topology=topology, replans=attempt, devices=_devices(found),
             planHash=None, replanPending=None)
 
     if known_fp is None:
         actions += _status(obs, "Planning", "TopologyDiscovered",
                            f"{len(node_names)} node(s), {len(node_names) * job.spec.devices.gpus_per_node} GPU(s): "
                            + ", ".join(node_names), phase="Planning", topologyFingerprint=fingerprint,
-                           topology=_replacing(status.get("topology"), found.report.summary()), devices=_devices(found))
+                           topology=topology, devices=_devices(found))
 
     # plan
     attempt = int(status.get("replans") or 0)
@@ -263,12 +272,14 @@ def _decide(obs: Observed, settings: Settings) -> list[Action]:
         plan_ready = True
     elif not plan_ready:
         if plan_cm is None:
-            actions += [Action("create", obj=r.planner_serviceaccount(job, obs.uid)),
-                        Action("create", obj=r.planner_role(job, obs.uid)),
-                        Action("create", obj=r.planner_rolebinding(job, obs.uid)),
-                        Action("create", obj=r.plan_configmap(job, obs.uid, topology_fingerprint=fingerprint))]
+            actions.append(Action("create", obj=r.plan_configmap(job, obs.uid, topology_fingerprint=fingerprint)))
         planner = obs.planner_job
         if planner is None:
+            # with every planner Job its account, Role and binding (409 when they exist): one that
+            # failed to be created is tried again rather than leaving the planner unable to publish
+            actions += [Action("create", obj=r.planner_serviceaccount(job, obs.uid)),
+                        Action("create", obj=r.planner_role(job, obs.uid)),
+                        Action("create", obj=r.planner_rolebinding(job, obs.uid))]
             planner_image = settings.planner_image or settings.image
             actions.append(Action("create", obj=r.planner_job(job, obs.uid, planner_image,
                                                               topology_fingerprint=fingerprint, attempt=attempt,

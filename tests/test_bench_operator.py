@@ -26,6 +26,18 @@ def test_error_lines_tell_handler_failures_from_retried_requests():
     assert len(other) == 1 and "watching" in other[0]
 
 
+def test_the_operators_discovery_histogram_is_read_from_its_metrics():
+    from autopar.operator.metrics import OperatorMetrics
+
+    m = OperatorMetrics()
+    for seconds in [0.002] * 18 + [0.03, 0.7]:
+        m.discovered(seconds)
+    got = b.discovery_from_metrics(m.exposition().decode())
+    assert got["calls"] == 20 and abs(got["mean"] - (18 * 0.002 + 0.73) / 20) < 1e-4
+    assert got["p50_le"] == 0.0025 and got["p95_le"] == 0.05 and got["max_le"] == 1.0
+    assert b.discovery_from_metrics("autopar_jobs{phase=\"Training\"} 1.0\n") is None
+
+
 def test_a_small_run_gives_every_figure_and_every_job_its_pods(controlplane_binaries):
     doc = b.run_operator_bench(nodes=10, jobs=3, progress=True, timeout=60)
     assert doc["benchmark"] == "operator"
@@ -34,6 +46,7 @@ def test_a_small_run_gives_every_figure_and_every_job_its_pods(controlplane_bina
     assert lat["jobs"] == 3 and set(lat["per_job"]) == {"bench-000", "bench-001", "bench-002"}
     assert 0 < lat["p50"] <= lat["p95"] <= lat["max"]
     assert doc["discovery_s"]["nodes"] == 10 and doc["discovery_s"]["calls"] == 3
+    assert doc["discovery_s"]["operator"]["calls"] >= 3        # the operator's own, one per reconcile
     api = doc["api_requests"]
     assert api["per_job"] > 0 and api["by_request"].get("create pods", 0) >= 4
     assert doc["operator_peak_rss_mb"] > 0

@@ -70,3 +70,34 @@ def test_endpoints():
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_job_phase_is_one_for_the_current_phase_and_zero_for_the_others_until_forgotten():
+    from autopar.job.spec import PHASES
+
+    m = OperatorMetrics()
+    m.observe_job("ns", "a", {"phase": "Planning"})
+    m.observe_job("ns", "a", {"phase": "Training"})
+    m.observe_job("ns", "b", {"phase": "Succeeded"})
+    s = _samples(m)
+
+    def phase(job: str, p: str) -> float | None:
+        return s.get(("autopar_job_phase", (("job", job), ("namespace", "ns"), ("phase", p))))
+    assert {p: phase("a", p) for p in PHASES} == {p: 1.0 if p == "Training" else 0.0 for p in PHASES}
+    assert phase("b", "Succeeded") == 1.0 and phase("b", "Training") == 0.0
+    m.observe_job("ns", "a", {"completedSteps": 3})             # no phase in the patch: unchanged
+    assert _samples(m)[("autopar_job_phase", (("job", "a"), ("namespace", "ns"), ("phase", "Training")))] == 1.0
+    m.forget_job("ns", "a")
+    s = _samples(m)
+    assert not any(name == "autopar_job_phase" and ("job", "a") in labels for name, labels in s)
+    assert phase("b", "Succeeded") == 1.0
+
+
+def test_topology_discovery_seconds_is_a_histogram():
+    m = OperatorMetrics()
+    m.discovered(0.004)
+    m.discovered(0.3)
+    s = _samples(m)
+    assert s[("autopar_topology_discovery_seconds_count", ())] == 2
+    assert abs(s[("autopar_topology_discovery_seconds_sum", ())] - 0.304) < 1e-9
+    assert s[("autopar_topology_discovery_seconds_bucket", (("le", "0.005"),))] == 1
