@@ -250,18 +250,16 @@ def _write_outputs(run: Path, doc: dict[str, Any], trained: dict[str, Any], file
     """metrics.prom, metrics.json and report.json, each written whole."""
     from prometheus_client import CollectorRegistry, Gauge, write_to_textfile
 
+    from .metrics import JOB_GAUGES, SPEEDUP_GAUGE
+
     registry = CollectorRegistry()
     labels = {"namespace": doc["namespace"], "job": doc["job"]}
-    gauges = {
-        "autopar_job_simulated_step_seconds": ("simulated step time of the job's plan", doc["predicted_step_s"]),
-        "autopar_job_actual_step_seconds": ("median measured step time of the job's plan", doc["measured_step_s"]),
-        "autopar_job_prediction_error": ("simulated / measured step time - 1", doc["prediction_error"]),
-        "autopar_job_predicted_speedup": ("simulated speedup of the plan over data parallelism",
-                                          doc["predicted_speedup"]),
-        "autopar_job_data_parallel_simulated_step_seconds": ("simulated step time of data parallelism",
-                                                             doc["data_parallel_predicted_step_s"]),
-    }
-    for name, (help_text, value) in gauges.items():
+    values = {"simulatedStepSeconds": doc["predicted_step_s"], "actualStepSeconds": doc["measured_step_s"],
+              "predictionError": doc["prediction_error"],
+              "dataParallelStepSeconds": doc["data_parallel_predicted_step_s"]}
+    gauges = [(*JOB_GAUGES[field], value) for field, value in values.items()]
+    gauges.append((*SPEEDUP_GAUGE, doc["predicted_speedup"]))
+    for name, help_text, value in gauges:
         if value is not None:
             Gauge(name, help_text, list(labels), registry=registry).labels(**labels).set(value)
     run.mkdir(parents=True, exist_ok=True)

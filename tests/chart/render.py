@@ -115,3 +115,40 @@ def operator_args(docs: list[dict]) -> list[str]:
     deployment = one(docs, "Deployment")
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     return container["command"] + container["args"]
+
+
+# -- what an identity really did, from the API server's audit log (tests/chart/test_rbac_audit.py)
+
+#: (verb, apiGroup, resource[/subresource], namespace or None) of one request on a resource
+Request = tuple[str, str, str, "str | None"]
+
+
+def audited_requests(events: list[dict[str, Any]], username: str) -> list[dict[str, Any]]:
+    """The requests `username` made, one record per request (an audit ID's stages merged):
+    ``{"verb", "group", "resource" (with ``/subresource``), "namespace" (None: cluster-scoped or
+    every namespace), "name", "code" (the response's status; None while a watch runs), "uri"}``.
+    A request on a non-resource URL (discovery: /api, /apis/...) has resource None."""
+    by_id: dict[str, dict[str, Any]] = {}
+    for e in events:
+        if (e.get("user") or {}).get("username") != username:
+            continue
+        ref = e.get("objectRef") or {}
+        resource = ref.get("resource")
+        if resource and ref.get("subresource"):
+            resource = f"{resource}/{ref['subresource']}"
+        rec = by_id.setdefault(e["auditID"], {
+            "verb": e["verb"], "group": ref.get("apiGroup") or "", "resource": resource,
+            "namespace": ref.get("namespace"), "name": ref.get("name"), "code": None, "uri": e.get("requestURI")})
+        code = (e.get("responseStatus") or {}).get("code")
+        if code is not None and (rec["code"] is None or e.get("stage") == "ResponseComplete"):
+            rec["code"] = code
+    return list(by_id.values())
+
+
+def covered(grants: dict[str | None, set[tuple[str, str, str]]], verb: str, group: str, resource: str,
+            namespace: str | None) -> bool:
+    """Whether `granted`'s result allows `verb` on `group`/`resource` in `namespace` (None: a
+    cluster-scoped resource, or a namespaced one in every namespace: only a ClusterRole binding
+    grants that)."""
+    want = (group, resource, verb)
+    return want in grants.get(None, set()) or (namespace is not None and want in grants.get(namespace, set()))
