@@ -132,7 +132,7 @@ def crd_reference() -> str:
     out = [_header("ParallelTrainingJob reference", "the CRD of `autopar crd` (autopar/job/spec.py)"),
            f"`apiVersion: {doc['spec']['group']}/{version['name']}`, `kind: {names['kind']}`, plural "
            f"`{names['plural']}`, short name{'s' if len(names['shortNames']) > 1 else ''} "
-           + ", ".join(f"`{s}`" for s in names["shortNames"]) + f", categories "
+           + ", ".join(f"`{s}`" for s in names["shortNames"]) + ", categories "
            + ", ".join(f"`{c}`" for c in names.get("categories", [])) + f"; {doc['spec']['scope'].lower()}. "
            "The CRD is `crds/paralleltrainingjobs.autopar.dev.yaml` (`autopar crd`); `autopar run --local` "
            "validates a manifest with the same models, defaults and ranges (`autopar.job.parse_job`). "
@@ -222,7 +222,8 @@ def _families(text: str) -> list[tuple[str, str, str, list[str], list[str]]]:
     return out
 
 
-def _operator_exposition() -> str:
+def operator_exposition() -> str:
+    """The operator's /metrics with one job observed in every field (every series it can carry)."""
     from autopar.operator.metrics import OperatorMetrics
 
     m = OperatorMetrics()
@@ -275,7 +276,7 @@ def metrics_reference() -> str:
            "`http-metrics`), next to `/healthz` and `/readyz`. Per job (labels `namespace`, `job`): set from "
            "the job's status after every status write, removed when the job is deleted. The Grafana "
            "dashboard `charts/autopar/dashboards/autopar-jobs.json` plots them (`watching.md`).\n",
-           *_metric_table(_operator_exposition()), "",
+           *_metric_table(operator_exposition()), "",
            "## The trainer: `autopar train --metrics-port P` (rank 0)\n",
            "Labels `model` and `strategy`. In a cluster rank 0's `report-progress` sidecar scrapes them "
            "and writes the job's status (completed steps, the mean step time since its last scrape, the "

@@ -70,14 +70,8 @@ def test_thresholds_come_from_the_values(helm):
 
 def _exported_names() -> set[str]:
     """Every sample name the operator's /metrics can carry (a job observed in every field)."""
-    m = OperatorMetrics()
-    m.observe_job("ml", "bert", {"phase": "Training", "simulatedStepSeconds": 0.1, "actualStepSeconds": 0.12,
-                                 "predictionError": -0.17, "dataParallelStepSeconds": 0.2, "completedSteps": 5})
-    m.restarted("ml", "bert")
-    m.replanned("ml", "bert")
-    m.searched(3.0)
-    m.handler_failed("tick")
-    text = m.exposition().decode()
+    from autopar.reference import operator_exposition
+    text = operator_exposition()
     return {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and not line.startswith("#")}
 
 

@@ -41,7 +41,6 @@ message (this runner plays autopar's images only).
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import os
 import re
 import signal
@@ -422,6 +421,7 @@ class PodRunner:
         self.errors: list[str] = []
         self._gang_ports: dict[str, int] = {}
         self._ips: dict[str, str] = {}
+        self._pods_now: list[dict[str, Any]] = []    # the namespace's pods at the last look
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"pod runner {namespace}", daemon=True)
@@ -522,7 +522,7 @@ class PodRunner:
     def ports_for(self, pod: dict[str, Any]) -> dict[int, int]:
         """Declared container port -> a local port; the rendezvous port is one per gang."""
         ports: dict[int, int] = {}
-        gang = self._gang_key(pod, getattr(self, "_pods_now", [pod])) or pod["metadata"]["uid"]
+        gang = self._gang_key(pod, self._pods_now) or pod["metadata"]["uid"]
         for c in (pod["spec"].get("initContainers") or []) + pod["spec"]["containers"]:
             for p in c.get("ports") or []:
                 number = int(p["containerPort"])
