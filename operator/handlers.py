@@ -22,6 +22,10 @@ What keeps a tick short when many jobs arrive at once (``autopar bench operator`
   `RECENT_SECONDS` -- so a restarted operator, which remembers nothing, creates what is missing;
 * ``MAX_WORKERS`` threads for the ticks instead of kopf's default (6 on two cores).
 
+And what keeps it correct: a tick whose job body does not show the decision fields the previous
+tick wrote (the watch lags behind kopf's status patch) does nothing (`StatusWrites`), so no step
+is taken twice.
+
 /readyz says 200 only once kopf has the initial listing of every index (`_indexes_complete`):
 before that kopf handles no job, which with a thousand nodes takes seconds.
 """
@@ -55,6 +59,11 @@ MAX_WORKERS = 32
 REQUEST_WORKERS = 32
 #: how long a create of this operator counts as done while the index does not show the object yet
 RECENT_SECONDS = 15.0
+#: the status fields a tick's decision rests on: a tick whose job body lacks what the previous tick
+#: wrote to them waits for the watch to bring it (`StatusWrites`)
+DECISION_FIELDS = ("phase", "restarts", "replans", "topologyFingerprint", "planHash")
+#: how long a tick waits for its own status write before it takes the body as it is
+CONSISTENCY_SECONDS = 10.0
 #: kind -> (API group, version, plural) of what the operator creates
 KINDS = {
     "ConfigMap": ("", "v1", "configmaps"), "Pod": ("", "v1", "pods"), "Service": ("", "v1", "services"),
@@ -116,6 +125,40 @@ class RecentCreates:
         return len(self._at)
 
 
+class StatusWrites:
+    """The decision fields each job's last tick wrote to its status, until the job body shows them.
+
+    kopf hands a timer the body its watch last delivered, and writes a tick's status patch after
+    the tick returns: the next tick, a second later, can still see the status from before it.
+    Deciding on that would do the last step again -- a gang failure counted twice, a second
+    planner for the same topology change.  So a tick whose body lacks the previous tick's values
+    does nothing; after `timeout` seconds (a patch that never landed, or someone else changed the
+    status) the body is taken as it is."""
+
+    def __init__(self, timeout: float = CONSISTENCY_SECONDS, clock=time.monotonic) -> None:
+        self.timeout, self.clock = timeout, clock
+        self._written: dict[str, tuple[dict[str, Any], float]] = {}
+
+    def wrote(self, uid: str, patch: dict[str, Any]) -> None:
+        fields = {k: patch[k] for k in DECISION_FIELDS if k in patch}
+        if fields:
+            self._written[uid] = (fields, self.clock())
+
+    def lagging(self, uid: str, status: dict[str, Any]) -> bool:
+        """True while `status` lacks the last write and it is recent."""
+        entry = self._written.get(uid)
+        if entry is None:
+            return False
+        fields, at = entry
+        if all(status.get(k) == v for k, v in fields.items()) or self.clock() - at >= self.timeout:
+            del self._written[uid]
+            return False
+        return True
+
+    def forget(self, uid: str) -> None:
+        self._written.pop(uid, None)
+
+
 @dataclass
 class Runtime:
     """What the handlers share: the API client, the settings, the metrics, what was just created."""
@@ -125,6 +168,7 @@ class Runtime:
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
     ready: threading.Event = field(default_factory=threading.Event)
     recent: RecentCreates = field(default_factory=RecentCreates)
+    writes: StatusWrites = field(default_factory=StatusWrites)
 
 
 RUNTIME = Runtime()
@@ -253,6 +297,8 @@ def tick(name, namespace, uid, meta, spec, status, patch, nodes_index, gpus_inde
         _unreadable(e, name, namespace, uid, meta, status, patch)
         return
     current = _plain(status) or {}
+    if RUNTIME.writes.lagging(uid, current):
+        return      # the watch has not brought the previous tick's status yet
     attempt = int(current.get("replans") or 0)
 
     def one(index, kind, child):
@@ -280,7 +326,9 @@ def tick(name, namespace, uid, meta, spec, status, patch, nodes_index, gpus_inde
     if "discovery" in obs.timings:
         RUNTIME.metrics.discovered(obs.timings["discovery"])
     _execute_all(actions, namespace, name, uid, patch)
-    merged = {**current, **next((a.patch for a in actions if a.verb == "status"), {})}
+    written = next((a.patch for a in actions if a.verb == "status"), {})
+    RUNTIME.writes.wrote(uid, written)
+    merged = {**current, **written}
     RUNTIME.metrics.observe_job(namespace, name, merged)
 
 
@@ -406,6 +454,7 @@ def forget(name, namespace, uid, **_):
     then kopf, left with only the timer, never takes its finalizer off a deleted job.)"""
     RUNTIME.metrics.forget_job(namespace, name)
     RUNTIME.recent.forget_job(uid)
+    RUNTIME.writes.forget(uid)
 
 
 def run(*, namespaces: list[str] | None = None, kubeconfig: str | None = None, image: str | None = None,

@@ -305,13 +305,17 @@ def _decide(obs: Observed, settings: Settings) -> list[Action]:
                               else ""), **fields)
 
     # train
-    restarts = int(status.get("restarts") or 0)
     live = [p for p in obs.pods if not p["metadata"].get("deletionTimestamp")]
+    # the pods' gang label is the truth when the status read lags behind them (a status patch the
+    # watch has not brought back yet, or one that was lost after the pods were created)
+    restarts = max([int(status.get("restarts") or 0)] + [_restart_label(p) for p in live])
     # a pod being deleted (an old gang stopping, or one on a lost node) has ended or is ending on
-    # purpose: only a live pod's failure restarts the gang
-    failed = [p for p in live if _pod_phase(p) == "Failed"]
+    # purpose, and so has an older gang's pod whose deletion the index does not show yet (its
+    # peers died with the pod that failed): only a failure in the current gang restarts it
     current = [p for p in live if _restart_label(p) == restarts]
-    terminating = [p for p in obs.pods if p["metadata"].get("deletionTimestamp")]
+    failed = [p for p in current if _pod_phase(p) == "Failed"]
+    older = [p for p in live if _restart_label(p) < restarts]
+    terminating = [p for p in obs.pods if p["metadata"].get("deletionTimestamp")] + older
     if failed:
         if restarts >= policy.backoff_limit:
             return actions + _delete_pods(obs) + _status(
@@ -330,8 +334,9 @@ def _decide(obs: Observed, settings: Settings) -> list[Action]:
         actions.append(Action("create", obj=r.trainer_service(job, obs.uid)))
     if not current and terminating:
         # the old gang still holds the pod names (and its checkpoints are being written): the new
-        # one starts when the last old pod is gone
-        return actions
+        # one starts when the last old pod is gone (an older gang's pod still shown live is deleted
+        # again: a repeated delete is harmless)
+        return actions + [Action("delete", kind="Pod", name=p["metadata"]["name"]) for p in older]
     if not current:
         actions += [Action("create", obj=r.trainer_serviceaccount(job, obs.uid)),
                     Action("create", obj=r.progress_role(job, obs.uid)),

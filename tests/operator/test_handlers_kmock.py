@@ -332,21 +332,3 @@ async def test_gpus_held_by_other_pods_steer_the_job_to_free_nodes(operator, cap
 
     assert operator.status()["topology"]["nodes"] == ["dgx-h100-1", "dgx-h100-2"]
     assert _handler_errors(caplog) == []
-
-
-def test_recent_creates_are_not_sent_twice_until_seen_or_stale():
-    """What the operator created is not POSTed again by a tick that runs before the watch brings
-    it into the index; once the index shows it, or after the ttl, it is forgotten."""
-    from autopar.operator.handlers import RecentCreates
-    now = [0.0]
-    recent = RecentCreates(ttl=15.0, clock=lambda: now[0])
-    recent.remember("uid", "Pod", "a-trainer-0")
-    assert recent.fresh("uid", "Pod", "a-trainer-0") and not recent.fresh("uid", "Pod", "a-trainer-1")
-    recent.seen("uid", "Pod", ["a-trainer-0"])
-    assert not recent.fresh("uid", "Pod", "a-trainer-0")      # gone later: the next create is sent
-    recent.remember("uid", "Role", "a-planner")
-    now[0] = 15.0
-    assert not recent.fresh("uid", "Role", "a-planner")       # stale: a restarted job's objects get made
-    recent.remember("uid", "Role", "a-planner")
-    recent.forget_job("uid")
-    assert len(recent) == 0

@@ -160,6 +160,46 @@ def test_a_failed_trainer_restarts_the_gang_from_the_checkpoint_then_succeeds():
     assert w.status["phase"] == "Succeeded"
 
 
+def test_an_older_gangs_failure_the_index_still_shows_live_is_not_a_second_restart():
+    """A trainer dies and its peer fails with it: the gang restarts once.  The pods index can still
+    show the peer as live and Failed after the restart deleted it (the watch lags behind the
+    delete): that is the old gang ending, not a failure of the new one."""
+    w = World()
+    w.run_to_training()
+    w.set_pods("Failed", only="llm-trainer-1")
+    old = copy.deepcopy(w.pods())
+    w.step()
+    assert w.status["restarts"] == 1 and not w.pods()
+    for p in old:                                   # the index has not seen the deletes yet
+        p["status"] = {"phase": "Failed"}
+        w.objects[("Pod", p["metadata"]["name"])] = p
+    actions = w.step()
+    assert w.status["restarts"] == 1 and w.status["phase"] == "Training"
+    assert sorted(a.name for a in actions if a.verb == "delete") == ["llm-trainer-0", "llm-trainer-1"]
+    assert not [a for a in actions if a.verb == "create" and a.obj["kind"] == "Pod"], "the old gang goes first"
+    w.step()
+    pods = w.pods()
+    assert len(pods) == 2 and {p["metadata"]["labels"][r.LABEL_RESTART] for p in pods} == {"1"}
+    assert [e["reason"] for e in w.events].count("TrainerFailed") == 1
+
+
+def test_a_status_read_behind_the_pods_takes_the_gang_from_their_label():
+    """The status read lags behind the pods (restarts 0, the restarted gang's pods labelled 1): the
+    running gang is the current one; its failure is the second restart, not the first again."""
+    w = World()
+    w.run_to_training()
+    w.set_pods("Failed", only="llm-trainer-1")
+    w.step()
+    w.step()
+    assert {p["metadata"]["labels"][r.LABEL_RESTART] for p in w.pods()} == {"1"}
+    w.set_pods("Running")
+    w.status["restarts"] = 0                        # a status from before the restart
+    assert not [a for a in w.step() if a.verb in ("create", "delete")]
+    w.set_pods("Failed", only="llm-trainer-0")
+    w.step()
+    assert w.status["restarts"] == 2
+
+
 def test_backoff_exhausted_fails_the_job():
     w = World(runPolicy={"backoffLimit": 1})
     w.run_to_training()
