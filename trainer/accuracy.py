@@ -16,7 +16,8 @@ overheads, point-to-point and all-reduce times under load, the optimizer), as `a
    plans — at least six;
 3. each is simulated on ``local:2`` with that cost model (what `autopar plan` believes), and
 4. trained on 2 gloo ranks of one thread each for `warmup` + `steps` steps.  All strategies of a
-   model step in turn inside the same two processes, so they see the same machine load; a
+   model train inside the same two processes, in blocks of consecutive steps taken in turn
+   (`_measure`), so they see the same machine load and each step runs as in a user's run; a
    step's time is its slowest rank's (each step starts at a barrier).
 
 Per row: ``simulated_s``, ``measured_s`` (median step), ``cv`` (coefficient of variation of the
@@ -141,18 +142,37 @@ def simulate_parts(builder, strategy) -> tuple[float, dict[str, float]]:
 
 # -- measurement (runs in the ranks) -----------------------------------------------------------------
 
+#: The timed steps of each strategy come in this many blocks (`_measure`).
+ROUNDS = 3
+#: Untimed steps that start each later block of a strategy, after the other strategies' blocks.
+REWARM = 2
+
+
 def _measure(rank: int, world: int, jobs: list[Job], warmup: int, steps: int) -> list[list[tuple[float, dict]]]:
-    """Step every job in turn `warmup + steps` times; per job, (seconds, phases) of each timed step."""
+    """Train every job in blocks of consecutive steps; per job, (seconds, phases) of each timed step.
+
+    A strategy trains as a user's run does, one step after another: stepping the strategies in
+    turn at every step would start each step in caches the other strategies' tensors filled
+    (a user's tagger stepped 24.7 ms on its own and 28.6-30.4 ms interleaved).  To still expose
+    them all to the same machine load, the `steps` timed steps come in `ROUNDS` blocks: in each
+    round every job trains a block (the first after `warmup` untimed steps, later ones after
+    `REWARM`), in reverse order every other round."""
     trainers = [Trainer(job, rank, world, ProcessGroups()) for job in jobs]
     out: list[list[tuple[float, dict]]] = [[] for _ in trainers]
-    for s in range(warmup + steps):
-        for k, tr in enumerate(trainers):
-            dist.barrier()
-            t0 = time.perf_counter()
-            tr.train_step(s)
-            seconds = time.perf_counter() - t0
-            if s >= warmup:
-                out[k].append((seconds, dict(tr.runtime.phases)))
+    done = [0] * len(trainers)
+    order = list(range(len(trainers)))
+    for r in range(ROUNDS):
+        block = steps // ROUNDS + (1 if r < steps % ROUNDS else 0)
+        for k in (order if r % 2 == 0 else order[::-1]):
+            tr = trainers[k]
+            for i in range((warmup if r == 0 else REWARM) + block):
+                dist.barrier()
+                t0 = time.perf_counter()
+                tr.train_step(done[k])
+                seconds = time.perf_counter() - t0
+                done[k] += 1
+                if i >= (warmup if r == 0 else REWARM):
+                    out[k].append((seconds, dict(tr.runtime.phases)))
     return out
 
 
@@ -240,7 +260,9 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
     """Every model's rows and the totals; the returned dict is the JSON of the benchmark.
     `overrides` replace settings (``warmup``, ``steps``, ``search_budget_s``, ``random_plans``, and
     ``profile_cache``: a cache file to measure into and keep, instead of a private temporary one,
-    whose runtime calibration is used when it has one unless ``recalibrate`` is true)."""
+    whose runtime calibration is used when it has one unless ``recalibrate`` is true).  The
+    runtime is calibrated as `autopar profile` calibrates it for a user, also under `quick`
+    (``quick_calibration`` takes the quick one, for tests)."""
     from autopar.planner.cost import CostModel, ProfileCache, profile_local
     from autopar.planner.hardware import get_preset
     from autopar.planner.ir import import_spec
@@ -264,7 +286,7 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
         if calibration is None or cfg.get("recalibrate"):
             from .calibrate import calibrate, summary_line
             t0 = time.perf_counter()
-            calibration = calibrate(WORLD, quick=quick)
+            calibration = calibrate(WORLD, quick=bool(cfg.get("quick_calibration")))   # as `autopar profile`
             cache.put_calibration(calibration)
             log(f"calibrated the runtime in {time.perf_counter() - t0:.0f} s: {summary_line(calibration)}")
         for model, options in models:

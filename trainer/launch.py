@@ -47,6 +47,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from autopar.planner.cost import keep_freed_memory
+
 from .errors import RankFailedError, TrainerConfigError
 
 #: Seconds the surviving ranks get to exit on their own once one rank has failed.
@@ -84,27 +86,6 @@ def rank_device(kind: str, local_rank: int) -> torch.device:
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)
     return torch.device("cpu")
-
-
-def keep_freed_memory() -> None:
-    """Have glibc's malloc keep freed memory for reuse instead of returning it to the system.
-
-    A training step allocates its activations afresh every step and frees them in the backward
-    pass.  By default glibc serves large blocks with ``mmap`` and unmaps them on free (and trims
-    its heap), so every step faults in fresh pages for every large tensor: on this machine a
-    4 MiB activation took 1.5 ms to produce instead of 0.5 ms, and steady-state steps of a small
-    model were 13-15 % slower.  With mmap off and no trimming, the heap grows to the step's peak
-    once and is reused.  A no-op where the C library is not glibc."""
-    import ctypes
-    import ctypes.util
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    mallopt(-4, 0)              # M_MMAP_MAX: serve every block from the heap
-    mallopt(-1, 2**31 - 1)      # M_TRIM_THRESHOLD: keep up to 2 GiB free at the heap's top
 
 
 def init_rank(rank: int, world: int, addr: str, port: int, backend: str, timeout: float) -> None:

@@ -47,7 +47,7 @@ def test_a_step_lasts_as_long_as_its_slowest_rank():
 @pytest.mark.timeout(600)
 def test_a_small_accuracy_run_reports_every_row_and_the_totals():
     doc = run_accuracy_bench(models=(("lenet", {"batch": 16, "image": 20}),), progress=False,
-                             warmup=1, steps=3, search_budget_s=1.0)
+                             warmup=1, steps=3, search_budget_s=1.0, quick_calibration=True)
     assert len(doc["rows"]) >= 6 and {r["strategy"] for r in doc["rows"]} >= {"data-parallel", "searched"}
     for r in doc["rows"]:
         assert r["simulated_s"] > 0 and r["measured_s"] > 0 and r["error"] == pytest.approx(
@@ -55,3 +55,30 @@ def test_a_small_accuracy_run_reports_every_row_and_the_totals():
         assert set(r["simulated_parts_s"]) == {"compute", "optimizer", "rest"}
     assert {"median_abs_error", "p90_abs_error", "max_abs_error", "mean_error", "kendall_tau",
             "searched_vs_best_measured"} <= set(doc)
+
+
+def test_strategies_train_in_blocks_of_consecutive_steps(monkeypatch):
+    """Each strategy's timed steps come in `ROUNDS` blocks of consecutive steps (a user's run
+    steps one strategy after another), each block after its warm-up, in reverse order every
+    other round; every job gets `steps` timed steps and its step numbers run on."""
+    from autopar.trainer import accuracy
+    log = []
+
+    class FakeTrainer:
+        def __init__(self, job, rank, world, groups):
+            self.job = job
+            self.runtime = type("R", (), {"phases": {}})()
+
+        def train_step(self, step):
+            log.append((self.job, step))
+
+    monkeypatch.setattr(accuracy, "Trainer", FakeTrainer)
+    monkeypatch.setattr(accuracy.dist, "barrier", lambda: None)
+    out = accuracy._measure(0, 2, ["a", "b"], warmup=5, steps=30)
+    assert [len(o) for o in out] == [30, 30]
+    jobs = [j for j, _ in log]
+    block = 5 + 10
+    assert jobs[:block] == ["a"] * block and jobs[block:2 * block] == ["b"] * block
+    assert jobs[2 * block:2 * block + 2 + 10] == ["b"] * 12          # round 2 reversed, 2 re-warm steps
+    for name in "ab":
+        assert [s for j, s in log if j == name] == list(range(5 + 30 + 2 * accuracy.REWARM))

@@ -314,3 +314,27 @@ def test_results_are_kept_so_each_call_writes_to_memory_the_last_did_not_use():
     for t in tensors:
         big.add([t])
     assert len(big._items) == 2                           # never fewer than min_items
+
+
+def test_a_task_is_profiled_with_the_models_own_parameter_values():
+    """Random unit-variance weights saturate an attention's softmax, whose backward then works on
+    denormal numbers (several times slower on x86): the profiler takes the module's values."""
+    import torch
+    from torch import nn
+
+    from autopar.planner.cost.profiler import _param_values, _task_tensors
+    from autopar.planner.ir import import_spec
+    from autopar.planner.zoo import load_model
+
+    spec = load_model("transformer", batch=2, seq=8, vocab=64, d=16, layers=1, heads=2)
+    graph = import_spec(spec)
+    op = graph["blocks_0_attn"]
+    _, _, params = _task_tensors(graph, op, (2, 1, 1), torch.device("cpu"), torch.Generator().manual_seed(0),
+                                 spec.module)
+    real = dict(spec.module.named_parameters())[op.params[0].name].detach()
+    assert torch.equal(params[0].detach().reshape(-1), real.reshape(-1)[:params[0].numel()])
+    assert params[0].requires_grad
+    # without the module: noise scaled like a default initialization
+    noise = _param_values(op.params[0], (3, 8, 16), None, torch.Generator().manual_seed(0))
+    assert noise.shape == (3, 8, 16) and 0.1 < float(noise.std()) * 16 ** 0.5 < 10
+    assert isinstance(spec.module, nn.Module)
