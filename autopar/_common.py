@@ -67,6 +67,8 @@ def load_problem(args) -> Problem:
     topo = resolve_topology(args.topology)
     path = Path(args.profile_cache) if args.profile_cache else default_cache_path()
     cache = ProfileCache.load(path)
+    if cache.notice:
+        print(f"autopar: {cache.notice}; run `autopar profile`", file=sys.stderr)
     return Problem(spec, graph, topo, CostModel(cache).bind(graph), path)
 
 

@@ -23,6 +23,8 @@ def run_profile(args) -> int:
     workers = int(topo.split(":", 1)[1]) if ":" in topo else 2
     path = args.profile_cache or default_cache_path()
     cache = ProfileCache.load(path)
+    if cache.notice:
+        print(f"autopar: {cache.notice}", file=sys.stderr)
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     last = [""]
 

@@ -124,6 +124,8 @@ def run_job(path: str | Path, *, run_dir: str | Path | None = None, compare: boo
 
     cache_path = Path(profile_cache) if profile_cache else default_cache_path()
     cache = ProfileCache.load(cache_path)
+    if cache.notice:
+        print(f"autopar: {cache.notice}", file=sys.stderr)
     outcome = None
     trained = None
     calibration = None

@@ -85,6 +85,12 @@ is: run it when nothing else competes for the cores.  `calibrate(world)` measure
    latency runs from the moment the last rank enters the exchange to the moment the receiver's
    call returns (`message_latencies`).  Their mean is the latency of the point-to-point curve.
 
+7. **Messages of one exchange** (``message_serial_s``, `message_serial`): ranks 0 and 1 compute
+   for 0.3 ms, then exchange one message each way, or two, in one `exchange_many` call, hundreds
+   of times.  Gloo moves a pair's messages one after another: on this machine two each way took
+   1.5-1.75 ms on average against 1.0 ms for one (and an RNN's model-parallel steps showed the
+   same, 1.45 against 0.93 ms).  Half the difference is the serial turn of one message.
+
 ``comm_uses_cores`` is ``os.cpu_count() < 2 * world``: with fewer than two cores per rank, gloo's
 threads copy, reduce and drive sockets on the cores the ranks compute on.  Overheads are clamped
 at 0.  With ``world == 1`` nothing communicates: p2p, all-reduce and ``exchange_s`` are the
@@ -140,6 +146,7 @@ class Settings:
     optimizer_cases: tuple[tuple[int, int], ...]   # (tensors, bytes per tensor)
     optimizer_repeats: int
     in_situ_steps: int = 30                # timed steps of the in-situ latency workload
+    batch_reps: int = 300                  # exchanges per case of the message-batch measurement
 
 
 def settings(quick: bool) -> Settings:
@@ -147,7 +154,7 @@ def settings(quick: bool) -> Settings:
         return Settings(QUICK_SIZES, p2p_reps=12, allreduce_reps=8, warmup_reps=2, chain_lengths=(4, 24),
                         exchange_lengths=(8,), steps=12, warmup_steps=3, profile_repeats=10,
                         optimizer_cases=((4, 16 << 10), (16, 16 << 10), (4, 1 << 20), (8, 4 << 20)),
-                        optimizer_repeats=5, in_situ_steps=15)
+                        optimizer_repeats=5, in_situ_steps=15, batch_reps=100)
     return Settings(FULL_SIZES, p2p_reps=120, allreduce_reps=60, warmup_reps=3, chain_lengths=(4, 16, 48),
                     exchange_lengths=(8, 24), steps=30, warmup_steps=5, profile_repeats=30,
                     optimizer_cases=((4, 16 << 10), (32, 16 << 10), (4, 1 << 20), (16, 1 << 20), (4, 4 << 20),
@@ -625,10 +632,66 @@ def calibrate(world: int, *, quick: bool = False, progress: Callable[[str], None
         say(f"exchange latency inside training steps (a model-parallel chain on {world} ranks)")
         cal, fit = fit_exchange_latency(cal, world, cfg, wire=p2p_median)
         details["in_situ"] = fit
+        say(f"messages of one exchange on {world} ranks (one and two each way)")
+        serial, means = message_serial(run_local(_batch_rank, world, (cfg,)))
+        cal = replace(cal, message_serial_s=serial)
+        details["message_batches"] = {**means, "message_serial_s": serial, "busy_s": BATCH_BUSY_S,
+                                      "message_bytes": BATCH_FLOATS * 4, "repetitions": cfg.batch_reps}
     if not_measured:
         details["not_measured"] = not_measured
     details["seconds"] = time.perf_counter() - t_all
     return replace(cal, details=tuple(sorted(details.items())))
+
+
+#: Seconds each rank computes between two exchanges of the message-batch measurement: about an
+#: op of a small model on one core (`_batch_rank`).
+BATCH_BUSY_S = 3e-4
+#: Floats in each message of the message-batch measurement (16 KiB, a hidden state of 16 x 256).
+BATCH_FLOATS = 4096
+
+
+def _batch_rank(rank: int, world: int, cfg: "Settings") -> dict[int, list[tuple[float, float]]]:
+    """Ranks 0 and 1 compute for `BATCH_BUSY_S`, then exchange k messages each way in one
+    `exchange_many` call (as an op with k inputs to gather does), for k = 1 and 2; per k, when
+    this rank entered each call and when it returned.  Other ranks take no part."""
+    from .comm import exchange_many, wait_all
+
+    out: dict[int, list[tuple[float, float]]] = {}
+    if rank > 1:
+        return out
+    a = torch.randn(128, 128)
+    peer = 1 - rank
+    device = torch.device("cpu")
+    for k in (1, 2):
+        pending: list = []
+        recs = []
+        for rep in range(cfg.warmup_reps + cfg.batch_reps):
+            _busy(BATCH_BUSY_S, a)
+            sends = {(peer, m): torch.randn(BATCH_FLOATS) for m in range(k)}
+            recvs = {(peer, m): (BATCH_FLOATS, torch.float32) for m in range(k)}
+            t0 = time.perf_counter()
+            exchange_many(sends, recvs, device, pending)
+            if rep >= cfg.warmup_reps:
+                recs.append((t0, time.perf_counter()))
+        wait_all(pending)
+        out[k] = recs
+    return out
+
+
+def message_serial(per_rank: list[dict[int, list[tuple[float, float]]]]) -> tuple[float, dict[str, float]]:
+    """``message_serial_s`` from `_batch_rank`'s timestamps: an exchange of two messages each way
+    (four between the pair) against one each way (two): the mean latency (from the later rank's
+    entry to each rank's return) grows by two serial turns.  Clamped to [0, half the one-message
+    latency]; (seconds, the two mean latencies)."""
+    means = {}
+    for k in (1, 2):
+        lat: list[float] = []
+        for (p0, d0), (p1, d1) in zip(per_rank[0][k], per_rank[1][k]):
+            posted = max(p0, p1)
+            lat += [max(0.0, d0 - posted), max(0.0, d1 - posted)]
+        means[k] = statistics.fmean(lat)
+    serial = min(max(0.0, (means[2] - means[1]) / 2), means[1] / 2)
+    return serial, {"one_each_way_s": means[1], "two_each_way_s": means[2]}
 
 
 def _in_situ_rank(rank: int, world: int, cfg: "Settings") -> dict[str, list]:

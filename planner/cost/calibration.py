@@ -17,6 +17,10 @@ keeps it beside the op times.  The simulator reads it when it models the trainer
 * **All-reduce** — seconds for an all-reduce of n bytes among r ranks, one curve per group size.
 * **Optimizer** — seconds of one ``optimizer.step()`` per parameter tensor and per parameter
   byte, for each optimizer (the trainer's ``torch.optim`` with its default foreach kernels).
+* **Messages of one exchange** (``message_serial_s``) — the backend moves the messages between a
+  pair of ranks one after another: an exchange of k messages costs about ``(k - 2) *
+  message_serial_s`` more than one message each way.  The simulator queues every message of an
+  exchange on one virtual resource per (op, rank pair) for this long, after a latency of its own.
 * ``comm_uses_cores`` — whether communication's work (the backend's threads copying, reducing,
   driving sockets) runs on the cores the ranks compute on: true on CPU ranks when the machine has
   fewer than two cores per rank.  The simulator then charges a transfer to its endpoints' time.
@@ -120,6 +124,7 @@ class RuntimeCalibration:
     optimizer: tuple[tuple[str, float, float], ...]   # (name, seconds per tensor, seconds per byte)
     comm_uses_cores: bool
     source: str = "measured"                       # "measured" or "default"
+    message_serial_s: float = 0.0                  # per message of an exchange, one after another
     details: tuple[tuple[str, Any], ...] = field(default=(), compare=False)
 
     def allreduce_time(self, nbytes: float, group: int) -> float:
@@ -147,7 +152,7 @@ class RuntimeCalibration:
                 "fwd_task_s": self.fwd_task_s, "bwd_task_s": self.bwd_task_s, "exchange_s": self.exchange_s,
                 "p2p": self.p2p.to_json(), "allreduce": {str(g): c.to_json() for g, c in self.allreduce},
                 "optimizer": {name: {"tensor_s": t, "byte_s": b} for name, t, b in self.optimizer},
-                "comm_uses_cores": self.comm_uses_cores,
+                "comm_uses_cores": self.comm_uses_cores, "message_serial_s": self.message_serial_s,
                 "source": self.source, "details": dict(self.details)}
 
     @classmethod
@@ -160,6 +165,7 @@ class RuntimeCalibration:
                        optimizer=tuple(sorted((str(k), float(v["tensor_s"]), float(v["byte_s"]))
                                               for k, v in dict(doc.get("optimizer") or {}).items())),
                        comm_uses_cores=bool(doc["comm_uses_cores"]), source=str(doc.get("source", "measured")),
+                       message_serial_s=float(doc.get("message_serial_s", 0.0)),
                        details=tuple(sorted(dict(doc.get("details") or {}).items())))
         except (KeyError, TypeError, ValueError) as e:
             raise CostModelError(f"runtime calibration {doc.get('product', '?')}/{doc.get('backend', '?')}: "
@@ -180,4 +186,5 @@ def default_calibration(product: str, backend: str, world: int, cores: int | Non
     return RuntimeCalibration(product=product, backend=backend, world=world, fwd_task_s=60e-6, bwd_task_s=40e-6,
                               exchange_s=50e-6, p2p=p2p, allreduce=((2, ar2),),
                               optimizer=(("adam", 20e-6, 0.9e-9), ("sgd", 15e-6, 0.55e-9)),
-                              comm_uses_cores=backend == "gloo" and cores < 2 * world, source="default")
+                              comm_uses_cores=backend == "gloo" and cores < 2 * world, source="default",
+                              message_serial_s=35e-6)

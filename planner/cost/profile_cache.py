@@ -48,6 +48,11 @@ from ..ir.regions import Range
 CACHE_ENV = "AUTOPAR_CACHE_DIR"
 CACHE_FILE = "profile.json"
 FORMAT_VERSION = 1
+#: How the measurements were taken.  A file written by an autopar that measured another way keeps
+#: its format but not its numbers: `ProfileCache.load` drops them (and says so in `notice`), and
+#: they are measured again.  2: ops profiled with the model's own parameter values in workers that
+#: keep freed memory; the optimizer timed in the trainer's steps; message latency measured in steps.
+MEASUREMENT_METHOD = 2
 
 Shape = tuple[int, ...]
 
@@ -182,6 +187,8 @@ class _CacheFile(BaseModel):
     # Runtime calibrations (`planner.cost.calibration`) by "product|backend|world"; older files
     # have none, and older autopars ignore them.
     calibrations: dict[str, dict[str, Any]] = {}
+    # `MEASUREMENT_METHOD` of the numbers; files from before it existed are method 1.
+    method: int = 1
 
 
 class ProfileCache:
@@ -192,6 +199,8 @@ class ProfileCache:
         self._entries: dict[str, tuple[float, float]] = {}
         self._calibrations: dict[str, Any] = {}
         self.path = Path(path) if path is not None else None
+        #: set by `load` when it dropped measurements taken the old way: one line for people
+        self.notice: str | None = None
         for k, (f, b) in (entries or {}).items():
             self.put(k, f, b)
         for c in (calibrations or {}).values():
@@ -218,6 +227,12 @@ class ProfileCache:
         if doc.version != FORMAT_VERSION:
             raise CostModelError(f"profile cache {p} has format version {doc.version}, this autopar reads "
                                  f"version {FORMAT_VERSION}; delete it or re-run `autopar profile` to rebuild it")
+        if doc.method < MEASUREMENT_METHOD:
+            cache = cls(path=p)
+            cache.notice = (f"profile cache {p} holds {len(doc.entries)} op times and {len(doc.calibrations)} runtime "
+                            f"calibration(s) measured the way an older autopar measured them (method {doc.method}, "
+                            f"now {MEASUREMENT_METHOD}); they are measured again")
+            return cache
         try:
             return cls({k: (v.forward, v.backward) for k, v in doc.entries.items()}, path=p,
                        calibrations=doc.calibrations)
@@ -229,6 +244,7 @@ class ProfileCache:
         p = Path(path).expanduser() if path is not None else (self.path or default_cache_path())
         doc: dict[str, Any] = {
             "version": FORMAT_VERSION,
+            "method": MEASUREMENT_METHOD,
             "entries": {k: {"forward": f, "backward": b} for k, (f, b) in sorted(self._entries.items())},
             "calibrations": {k: c.to_json() for k, c in sorted(self._calibrations.items())},
         }

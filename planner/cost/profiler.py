@@ -289,7 +289,7 @@ def _param_values(spec, shape: tuple[int, ...], module: nn.Module | None, gen: t
     n = 1
     for s in shape:
         n *= s
-    if real is not None and real.numel() >= n:
+    if real is not None and not real.is_meta and real.numel() >= n:
         return real.detach().reshape(-1)[:n].reshape(shape).to(dtype=_TORCH_DTYPES[spec.dtype]).clone()
     fan_in = shape[-1] if len(shape) > 1 else 1
     return (torch.randn(shape, generator=gen, dtype=torch.float32) / fan_in ** 0.5).to(dtype=_TORCH_DTYPES[spec.dtype])

@@ -200,7 +200,8 @@ def op_plan(b, i: int, op, cfg) -> tuple:
     return tasks, edges, tuple(keys)
 
 
-def _message(b, key: tuple, route: tuple, rt: RuntimeCalibration, nbytes: float) -> tuple[list, list, tuple, tuple]:
+def _message(b, key: tuple, route: tuple, rt: RuntimeCalibration, nbytes: float,
+             pair: tuple | None = None) -> tuple[list, list, tuple, tuple]:
     """One message of `nbytes` over `route` (`planner.sim._plans.route_columns`): (tasks, edges,
     first key, last key).
 
@@ -208,14 +209,29 @@ def _message(b, key: tuple, route: tuple, rt: RuntimeCalibration, nbytes: float)
     of an empty message plus the exchange's overhead — is a delay on a virtual resource of its
     own, so the messages of one exchange wait for it side by side, as the trainer's one
     ``batch_isend_irecv`` per op waits once; the bytes then occupy every link of the route for
-    the rest of the calibrated time, queueing there behind other traffic."""
+    the rest of the calibrated time, queueing there behind other traffic.
+
+    With a calibrated ``message_serial_s`` and a `pair` (the exchange and the two ranks: every
+    message of that exchange between them, either way, names the same), part of the latency is
+    paid one message after another on a virtual resource of the pair's: the backend moves a
+    pair's messages in turn, so an exchange of two messages each way waits about two of these
+    longer than one of one each way.  The parallel part is shortened by two of them, so an
+    exchange of one message each way costs what the point-to-point curve says."""
     _, res, _, labels, _ = route
-    latency = rt.p2p(0.0) + rt.exchange_s
+    serial = rt.message_serial_s if pair is not None else 0.0
+    latency = max(rt.p2p(0.0) + rt.exchange_s - 2 * serial, MIN_TASK_SECONDS)
     wire = max(rt.p2p(nbytes) - rt.p2p(0.0), MIN_TASK_SECONDS)
     delay = key + (-1,)
-    tasks = [(delay, b._delay_resource(delay), latency, "comm", 0.0, labels[0] if labels else "")]
+    label0 = labels[0] if labels else ""
+    tasks = [(delay, b._delay_resource(delay), latency, "comm", 0.0, label0)]
     edges = []
     prev = delay
+    if serial > 0:
+        queued = key + (-2,)
+        tasks.append((queued, b._delay_resource(("pair",) + pair), serial, "comm", 0.0, label0))
+        edges.append((delay, queued))
+        prev = queued
+    first_wire = len(tasks)
     for c, lo in enumerate(range(0, len(res), MAX_PARTS)):
         hi = min(lo + MAX_PARTS, len(res))
         label = labels[lo].split("->")[0] + "->" + labels[hi - 1].split("->")[-1]
@@ -226,8 +242,8 @@ def _message(b, key: tuple, route: tuple, rt: RuntimeCalibration, nbytes: float)
             tasks.append((k, part[0], wire, "comm", nb, label))
         else:
             tasks.append((k, part, (wire,) * len(part), "comm", nb, label))
-        edges.append((prev, k) if c == 0 else (delay, k))
-    last = tuple(t[0] for t in tasks[1:])
+        edges.append((prev, k))
+    last = tuple(t[0] for t in tasks[first_wire:])
     return tasks, edges, delay, last
 
 
@@ -256,14 +272,16 @@ def edge_plan(b, i: int, op, j: int, ccfg, pcfg) -> tuple:
         nbytes = max(float(sum(map(volume, boxes)) * itemsize), _MIN_TRANSFER_BYTES)
         dst = sorted({ct for cts in boxes.values() for ct in cts})
         sd = pdev[pt]
-        mt, me, first, last = _message(b, (0, i, 1, j, pt, dd), b._route(sd, dd), rt, nbytes)
+        pair = (min(sd, dd), max(sd, dd))
+        mt, me, first, last = _message(b, (0, i, 1, j, pt, dd), b._route(sd, dd), rt, nbytes, (0, i) + pair)
         tasks += mt
         edges += me
         keys += [t[0] for t in mt]
         edges += [((0, p, 0, pt), first), (arrive(i, sd), first), (arrive(i, dd), first)]
         edges += [(k, inputs_in(i, dd)) for k in last]
         if grads:
-            mt, me, first, last = _message(b, (1, n - i, 1, j, pt, dd), b._route(dd, sd), rt, nbytes)
+            mt, me, first, last = _message(b, (1, n - i, 1, j, pt, dd), b._route(dd, sd), rt, nbytes,
+                                           (1, i) + pair)
             tasks += mt
             edges += me
             keys += [t[0] for t in mt]

@@ -82,3 +82,14 @@ def test_strategies_train_in_blocks_of_consecutive_steps(monkeypatch):
     assert jobs[2 * block:2 * block + 2 + 10] == ["b"] * 12          # round 2 reversed, 2 re-warm steps
     for name in "ab":
         assert [s for j, s in log if j == name] == list(range(5 + 30 + 2 * accuracy.REWARM))
+
+
+def test_the_residual_factor_is_fitted_on_some_models_and_scored_on_the_others():
+    from autopar.trainer.accuracy import residual
+    rows = [{"model": m, "simulated_s": sim, "measured_s": meas}
+            for m, sim, meas in [("a", 1.0, 1.2), ("a", 2.0, 2.4), ("b", 1.0, 1.2), ("c", 1.0, 1.2), ("d", 1.0, 1.32)]]
+    res = residual(rows)
+    assert res["factor"] == pytest.approx(1.2) and res["fitted_on"] == ["a", "b"] and res["scored_on"] == ["c", "d"]
+    assert res["held_out"]["max_abs_error"] == pytest.approx(1 - 1.2 / 1.32)
+    assert res["held_out"]["median_abs_error"] == pytest.approx((1 - 1.2 / 1.32) / 2)
+    assert residual(rows[:2]) is None

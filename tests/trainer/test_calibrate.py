@@ -7,7 +7,8 @@ import pytest
 
 from autopar.planner.cost import ProfileCache
 from autopar.planner.cost.calibration import RuntimeCalibration
-from autopar.trainer.calibrate import QUICK_SIZES, calibrate, fit_intercept, fit_optimizer, message_latencies
+from autopar.trainer.calibrate import (QUICK_SIZES, calibrate, fit_intercept, fit_optimizer, message_latencies,
+                                      message_serial)
 
 
 def _monotone_positive(points) -> bool:
@@ -43,6 +44,8 @@ def test_a_quick_calibration_of_two_ranks_is_complete_and_round_trips(tmp_path):
     assert 0 < fit["latency_median_s"] <= fit["latency_p90_s"]
     assert cal.p2p(fit["message_bytes"]) == pytest.approx(fit["latency_mean_s"], rel=1e-9)
     assert fit["predicted_step_s"] > 0 and fit["measured_step_s"] > 0
+    batches = details["message_batches"]
+    assert cal.message_serial_s == batches["message_serial_s"] >= 0 and batches["one_each_way_s"] > 0
     # The optimizer was timed inside the trainer's steps: bigger cases cost more.
     for name, samples in details["optimizer_samples"].items():
         by_bytes = sorted(samples, key=lambda s: s[1])
@@ -91,3 +94,13 @@ def test_message_latencies_pair_the_ranks_calls():
     assert samples == pytest.approx([0.3, 0.2, 0.25]) and size == 64
     with pytest.raises(ValueError):
         message_latencies([rank0, {"times": [0.01], "calls": [[(1.2, 1.4, 64)]]}])
+
+
+def test_message_serial_is_half_what_a_second_message_each_way_adds():
+    one = [(0.0, 1.0e-3), (1.0, 1.0 + 1.0e-3)]
+    two = [(0.0, 1.6e-3), (1.0, 1.0 + 1.6e-3)]
+    serial, means = message_serial([{1: one, 2: two}, {1: one, 2: two}])
+    assert means["one_each_way_s"] == pytest.approx(1.0e-3) and serial == pytest.approx(0.3e-3)
+    # never more than half a one-message latency, never negative
+    assert message_serial([{1: one, 2: [(0.0, 9e-3)] * 2}] * 2)[0] == pytest.approx(0.5e-3)
+    assert message_serial([{1: two, 2: one}] * 2)[0] == 0.0

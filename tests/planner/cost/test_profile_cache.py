@@ -63,6 +63,22 @@ def test_a_corrupt_file_names_itself_and_says_what_to_do(tmp_path, content, deta
     assert any(d in msg.lower() for d in detail.split("|"))
 
 
+def test_measurements_taken_the_old_way_are_dropped_with_a_notice(tmp_path):
+    """A file an older autopar wrote (no measurement method: method 1) keeps its format but its
+    numbers were taken another way: they are dropped, said so, and measured again."""
+    from autopar.planner.cost.profile_cache import MEASUREMENT_METHOD
+    path = tmp_path / "profile.json"
+    path.write_text('{"version": 1, "entries": {"k": {"forward": 1e-3, "backward": 2e-3}}}')
+    cache = ProfileCache.load(path)
+    assert len(cache) == 0 and cache.calibrations() == [] and cache.path == path
+    assert "1 op times" in cache.notice and f"now {MEASUREMENT_METHOD}" in cache.notice and str(path) in cache.notice
+    cache.put("k", 1.0, 2.0)
+    cache.save()
+    assert json.loads(path.read_text())["method"] == MEASUREMENT_METHOD
+    again = ProfileCache.load(path)
+    assert again.get("k") == (1.0, 2.0) and again.notice is None
+
+
 def test_save_is_atomic_when_the_rename_fails(tmp_path, monkeypatch):
     path = tmp_path / "profile.json"
     ProfileCache({"old": (1.0, 1.0)}).save(path)

@@ -64,6 +64,32 @@ def test_a_message_waits_for_both_ranks_to_reach_its_op():
         assert tl.start[k] >= max(tl.end[(1, n - i, 2, d, 0)] for d in (0, 1))
 
 
+def test_the_messages_of_one_exchange_between_two_ranks_queue_one_after_another():
+    """Every message of op i's exchange between ranks a and b, either way, waits its turn on one
+    resource of the pair for ``message_serial_s``; the latency of its own is shortened by two
+    of them, so one message each way costs the point-to-point time."""
+    from dataclasses import replace
+    g = mlp()
+    cal = replace(default_calibration("CPU-core", "gloo", 2), message_serial_s=50e-6)
+    b = TaskGraphBuilder(g, get_preset("local:2"), CostModel().bind(g), runtime=cal)
+    res, tl, tg = simulate_strategy(b, model_parallel(g, 2))
+    queued = [k for k in tg if tg.task(k).kind == "comm" and k[-1] == -2]
+    assert queued
+    by_pair: dict = {}
+    for k in queued:
+        task = tg.task(k)
+        assert task.duration == pytest.approx(50e-6)
+        by_pair.setdefault(task.resource, []).append(k)
+        own = tg.task(k[:-1] + (-1,))
+        assert own.duration == pytest.approx(cal.p2p(0.0) + cal.exchange_s - 100e-6)
+    for resource, keys in by_pair.items():
+        assert len({(k[0], k[1]) for k in keys}) == 1          # one exchange's messages per resource
+        spans = sorted((tl.start[k], tl.end[k]) for k in keys)
+        assert all(b0 >= a1 - 1e-12 for (_, a1), (b0, _) in zip(spans, spans[1:]))   # one after another
+    plain = TaskGraphBuilder(g, get_preset("local:2"), CostModel().bind(g), runtime=replace(cal, message_serial_s=0.0))
+    assert not [k for k in plain.build(model_parallel(g, 2)) if k[-1] == -2]
+
+
 def test_the_optimizer_steps_after_every_bucket_of_its_rank():
     g = rnn(steps=3)
     cal = default_calibration("CPU-core", "gloo", 2)
