@@ -179,7 +179,7 @@ def profile(prepared: Prepared, cache, *, recalibrate: bool = False, repeats: in
 def ensure_calibration(cache, workers: int, *, recalibrate: bool = False,
                        progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """The runtime calibration of ``local:<workers>`` (trainer.calibrate): kept when the cache has it,
-    measured (about 20 s) and saved otherwise, or with `recalibrate`."""
+    measured (about 30 s) and saved otherwise, or with `recalibrate`."""
     from autopar.planner.hardware import get_preset
     from autopar.trainer.calibrate import BACKEND, calibrate, summary, summary_line
 
