@@ -291,11 +291,12 @@ class _Elementwise(nn.Module):
 
 
 class _Linears(nn.Module):
-    """K small linear layers in a row."""
+    """K linear layers of `width` features in a row (a weight of ``width**2`` floats and a bias
+    each): small ones for the overhead chains, wide ones for the optimizer (`optimizer_job`)."""
 
-    def __init__(self, k: int):
+    def __init__(self, k: int, width: int = _CHAIN_WIDTH):
         super().__init__()
-        self.layers = nn.ModuleList(nn.Linear(_CHAIN_WIDTH, _CHAIN_WIDTH) for _ in range(k))
+        self.layers = nn.ModuleList(nn.Linear(width, width) for _ in range(k))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for layer in self.layers:
@@ -422,19 +423,6 @@ def _optimizer_rank(rank: int, world: int, cfg: Settings) -> dict[str, list[tupl
     return _optimizer_in_steps(rank, world, cfg)
 
 
-class _Wide(nn.Module):
-    """`layers` linear layers of `width` features: a weight of ``width**2`` floats and a bias each."""
-
-    def __init__(self, layers: int, width: int):
-        super().__init__()
-        self.layers = nn.ModuleList(nn.Linear(width, width) for _ in range(layers))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self.layers:
-            x = layer(x)
-        return x
-
-
 def optimizer_job(name: str, tensors: int, nbytes: int, world: int):
     """The workload of one optimizer case: ``tensors / 2`` linear layers whose weights hold
     `nbytes` bytes each, data-parallel on `world` ranks (every rank steps every tensor after the
@@ -445,7 +433,7 @@ def optimizer_job(name: str, tensors: int, nbytes: int, world: int):
     from .optim import OptimizerConfig
     from .train import Job, TrainConfig
     layers, width = max(1, tensors // 2), max(2, math.isqrt(nbytes // 4))
-    module = seeded(0, lambda: _Wide(layers, width))
+    module = seeded(0, lambda: _Linears(layers, width))
     spec = ModelSpec(name=f"calibrate-optimizer-{layers}x{width}", module=module,
                      inputs=(("x", TensorSpec((_CHAIN_BATCH, width), ("n", "c"))),),
                      target=("labels", TensorSpec((_CHAIN_BATCH,), ("n",), "int64")), loss="cross_entropy",
