@@ -8,9 +8,11 @@ OptCNN (sec. 5.1) measures each layer under each configuration.  This module doe
 autopar: for every distinct task key (`planner.cost.profile_cache.task_key`) of the requested
 (op, degrees) pairs that the cache does not hold yet, it
 
-1. builds random local shards of the representative task's inputs and parameters, with the
-   graph's dtypes (integer inputs — token ids, class labels — are drawn below the smallest axis
-   of the op's float tensors, so they are valid indices whatever they index);
+1. builds random local shards of the representative task's inputs, with the graph's dtypes
+   (integer inputs — token ids, class labels — are drawn below the smallest axis of the op's
+   float tensors, so they are valid indices whatever they index), and its parameter shards from
+   the model's own values (`_param_values`: random unit-variance weights would saturate an
+   attention's softmax into denormal numbers that the step never sees);
 2. runs the op's task kernel (`planner.ir.kernels.forward_task`, the same code the trainer runs)
    `warmup` times (at least once), then `repeats` timed times, and takes the median; a task so
    slow that the repeats would exceed `budget` seconds is repeated fewer times;
