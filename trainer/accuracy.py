@@ -162,18 +162,19 @@ def _measure(rank: int, world: int, jobs: list[Job], warmup: int, steps: int) ->
     trainers = [Trainer(job, rank, world, ProcessGroups()) for job in jobs]
     out: list[list[tuple[float, dict]]] = [[] for _ in trainers]
     done = [0] * len(trainers)
-    order = list(range(len(trainers)))
     for r in range(ROUNDS):
         block = steps // ROUNDS + (1 if r < steps % ROUNDS else 0)
-        for k in (order if r % 2 == 0 else order[::-1]):
+        skip = warmup if r == 0 else REWARM
+        order = range(len(trainers)) if r % 2 == 0 else reversed(range(len(trainers)))
+        for k in order:
             tr = trainers[k]
-            for i in range((warmup if r == 0 else REWARM) + block):
+            for i in range(skip + block):
                 dist.barrier()
                 t0 = time.perf_counter()
                 tr.train_step(done[k])
                 seconds = time.perf_counter() - t0
                 done[k] += 1
-                if i >= (warmup if r == 0 else REWARM):
+                if i >= skip:
                     out[k].append((seconds, dict(tr.runtime.phases)))
     return out
 

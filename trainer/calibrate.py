@@ -781,8 +781,8 @@ def fit_exchange_latency(cal: RuntimeCalibration, world: int, cfg: "Settings",
     exchange to the moment the receiver has the data).  Their mean -- the simulator adds
     latencies, so the tail counts in full -- is the latency of every message; its bytes add what
     the microbenchmark's `wire` curve (the median wait per size: the tail is the latency's, not
-    the bytes') gives beyond its smallest size.  Without `wire` the microbenchmark's curve is
-    shifted to the measured latency at the workload's message size.
+    the bytes') gives: that curve is shifted to pass through the measured latency at the
+    workload's message size (without `wire`, the microbenchmark's mean curve is).
 
     A measurement, not a fit: the step time the simulator predicts for the workload with this
     calibration (its ops profiled as `autopar profile` does) is kept beside the measured one in
@@ -798,14 +798,9 @@ def fit_exchange_latency(cal: RuntimeCalibration, world: int, cfg: "Settings",
     measured = statistics.median(steps)
     samples, size = message_latencies(per_rank)
     latency = statistics.fmean(samples)
-    if wire is not None:
-        base = wire.points[0][1]
-        curve = Curve(tuple((x, latency + y - base) for x, y in wire.points))
-        curve = Curve(tuple((x, max(0.0, y - curve(size) + latency)) for x, y in curve.points))
-    else:
-        shift = latency - cal.p2p(size)
-        curve = Curve(tuple((x, max(0.0, y + shift)) for x, y in cal.p2p.points))
-    tuned = replace(cal, p2p=curve)
+    shape = wire if wire is not None else cal.p2p
+    shift = latency - shape(size)
+    tuned = replace(cal, p2p=Curve(tuple((x, max(0.0, y + shift)) for x, y in shape.points)))
 
     job = in_situ_job(world)
     graph, strategy = job.graph, job.strategy
