@@ -165,7 +165,7 @@ def _build_parser(command: str | None = None) -> argparse.ArgumentParser:
     pr.add_argument("--max-tasks", type=int, default=None, help="profile at most this many new task shapes")
     pr.add_argument("--no-calibrate", action="store_true",
                     help="only op times: skip measuring the runtime calibration of local:N (communication, "
-                         "per-op overheads, optimizer; about 30 s, once per machine and N)")
+                         "per-op overheads, optimizer, staging of messages; about 40 s, once per machine and N)")
     pr.add_argument("--recalibrate", action="store_true",
                     help="measure the runtime calibration again even when the cache already holds one for local:N")
     pr.set_defaults(func=_cmd_profile)

@@ -91,12 +91,24 @@ is: run it when nothing else competes for the cores.  `calibrate(world)` measure
    1.5-1.75 ms on average against 1.0 ms for one (and an RNN's model-parallel steps showed the
    same, 1.45 against 0.93 ms).  Half the difference is the serial turn of one message.
 
+8. **Staging** (``staging``, `staging_curves`): the in-situ chain again, at batches of 2 to 2048
+   rows (messages of 1 KiB to 1 MiB), with the runtime's four staging functions timed inside its
+   steps: cutting and packing a forward message (`trainer.redistribute.forward_sends`), placing
+   the received pieces into the consumer's input (`forward_inputs`), packing a gradient
+   (`backward_sends`) and adding a received gradient into its producer's accumulator
+   (`backward_accumulate`).  Seconds per call against bytes per call, one monotone curve each.
+   On this machine, for 1 KiB and 1 MiB: 4 and 13 us to send forward, 45 and 550 us to place,
+   23 and 196 us to send a gradient, 62 and 392 us to add one.  Stage 4 timed the same functions
+   on messages of a few hundred bytes, between ranks taking turns, at 15-20 us per call; the
+   simulator charges that to a message's latency and the staging to the ranks' cores, so a
+   small message may count up to ``exchange_s`` twice.
+
 ``comm_uses_cores`` is ``os.cpu_count() < 2 * world``: with fewer than two cores per rank, gloo's
 threads copy, reduce and drive sockets on the cores the ranks compute on.  Overheads are clamped
 at 0.  With ``world == 1`` nothing communicates: p2p, all-reduce and ``exchange_s`` are the
 defaults' (`default_calibration`) and ``details["not_measured"]`` says so.
 
-A full calibration of 2 ranks takes about 30 s on this machine (120 repetitions per p2p size and
+A full calibration of 2 ranks takes about 40 s on this machine (120 repetitions per p2p size and
 60 per all-reduce size, because of the tail).  ``quick=True`` measures fewer sizes (4 B, 16 KiB,
 1 MiB, 16 MiB), a dozen repetitions, two chain lengths and smaller optimizer runs, in about 15 s:
 good enough for tests, too noisy for planning.
@@ -117,6 +129,8 @@ import torch.distributed as dist
 from torch import nn
 
 from autopar.planner.cost import Curve, RuntimeCalibration, default_calibration
+from autopar.planner.cost.calibration import (FORWARD_RECEIVE, FORWARD_SEND, GRADIENT_RECEIVE, GRADIENT_SEND,
+                                              STAGING_PARTS)
 
 from .launch import run_local
 
@@ -533,7 +547,7 @@ def _stats(xs: Sequence[float]) -> dict[str, float]:
 def calibrate(world: int, *, quick: bool = False, progress: Callable[[str], None] | None = None) -> RuntimeCalibration:
     """Measure the `RuntimeCalibration` of `world` local gloo ranks (module docstring).
 
-    `progress(message)` is called before each stage.  About 30 s on 2 ranks of this machine
+    `progress(message)` is called before each stage.  About 40 s on 2 ranks of this machine
     (``quick``: about 15 s)."""
     from autopar.planner.hardware import get_preset
 
@@ -625,6 +639,10 @@ def calibrate(world: int, *, quick: bool = False, progress: Callable[[str], None
         cal = replace(cal, message_serial_s=serial)
         details["message_batches"] = {**means, "message_serial_s": serial, "busy_s": BATCH_BUSY_S,
                                       "message_bytes": BATCH_FLOATS * 4, "repetitions": cfg.batch_reps}
+        say(f"staging of messages inside training steps (the chain at batches {STAGING_BATCHES})")
+        staging, staged = staging_curves(run_local(_staging_rank, world, (cfg,)))
+        cal = replace(cal, staging=staging)
+        details["staging"] = {**staged, "batches": list(STAGING_BATCHES)}
     if not_measured:
         details["not_measured"] = not_measured
     details["seconds"] = time.perf_counter() - t_all
@@ -719,10 +737,10 @@ IN_SITU_WIDTH = 256
 IN_SITU_BATCH = 32
 
 
-def in_situ_job(world: int):
+def in_situ_job(world: int, batch: int = IN_SITU_BATCH):
     """The in-situ workload: a chain of linear layers with every layer's output features split
     over the `world` ranks (model parallelism), so that every op exchanges its input among busy
-    ranks, as model-parallel and mixed plans do."""
+    ranks, as model-parallel and mixed plans do; `batch` rows."""
     from autopar.planner.hardware import get_preset
     from autopar.planner.ir import import_spec
     from autopar.planner.search import named_strategy
@@ -733,13 +751,101 @@ def in_situ_job(world: int):
     module = seeded(0, lambda: nn.Sequential(*[m for _ in range(IN_SITU_LAYERS)
                                                for m in (nn.Linear(IN_SITU_WIDTH, IN_SITU_WIDTH), nn.Tanh())]))
     spec = ModelSpec(name="calibrate-in-situ", module=module,
-                     inputs=(("x", TensorSpec((IN_SITU_BATCH, IN_SITU_WIDTH), ("n", "c"))),),
-                     target=("labels", TensorSpec((IN_SITU_BATCH,), ("n",), "int64")), loss="cross_entropy",
-                     description=f"{IN_SITU_LAYERS} linear+tanh layers of {IN_SITU_WIDTH}, batch {IN_SITU_BATCH}")
+                     inputs=(("x", TensorSpec((batch, IN_SITU_WIDTH), ("n", "c"))),),
+                     target=("labels", TensorSpec((batch,), ("n",), "int64")), loss="cross_entropy",
+                     description=f"{IN_SITU_LAYERS} linear+tanh layers of {IN_SITU_WIDTH}, batch {batch}")
     graph = import_spec(spec)
     strategy = named_strategy("model-parallel", graph, get_preset(f"local:{world}"))
     cfg = TrainConfig(model=spec.name, optimizer=OptimizerConfig("sgd", lr=0.01, momentum=0.9), log=False)
     return Job(cfg, spec, graph, strategy)
+
+
+#: The in-situ workload's batch sizes at which staging is timed (`staging_curves`): messages of
+#: 1, 16, 64, 256 KiB and 1 MiB.
+STAGING_BATCHES = (2, 32, 128, 512, 2048)
+#: The functions of `trainer.redistribute` the runtime stages messages with, by `STAGING_PARTS`
+#: index, and how the bytes of one call are counted: (args, result) -> bytes.
+_STAGING_FUNCTIONS = (
+    ("forward_sends", FORWARD_SEND, lambda a, out: _nbytes(out.values())),
+    ("forward_inputs", FORWARD_RECEIVE, lambda a, out: _nbytes(a[2].values())),
+    ("backward_sends", GRADIENT_SEND, lambda a, out: _nbytes(out.values())),
+    ("backward_accumulate", GRADIENT_RECEIVE, lambda a, out: _nbytes(a[1].values())),
+)
+
+
+def _nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _staging_rank(rank: int, world: int, cfg: "Settings") -> dict[int, list[list[tuple[float, int, int]]]]:
+    """The in-situ workload at each of `STAGING_BATCHES` on this rank, with the runtime's staging
+    functions timed: per batch, per timed step, (seconds, bytes, calls) of each `STAGING_PARTS`
+    part (calls that staged no byte are not counted)."""
+    from . import runtime as rt_mod
+    from .comm import ProcessGroups
+    from .session import Trainer
+    inner = {name: getattr(rt_mod, name) for name, _, _ in _STAGING_FUNCTIONS}
+    acc = [[0.0, 0, 0] for _ in STAGING_PARTS]
+
+    def timed(name, part, count):
+        fn = inner[name]
+
+        def wrapper(*args, **kwargs):
+            t0 = time.perf_counter()
+            out = fn(*args, **kwargs)
+            seconds = time.perf_counter() - t0
+            nbytes = count(args, out)
+            if nbytes:
+                a = acc[part]
+                a[0] += seconds
+                a[1] += nbytes
+                a[2] += 1
+            return out
+        return wrapper
+
+    out: dict[int, list[list[tuple[float, int, int]]]] = {}
+    try:
+        for name, part, count in _STAGING_FUNCTIONS:
+            setattr(rt_mod, name, timed(name, part, count))
+        for batch in STAGING_BATCHES:
+            tr = Trainer(in_situ_job(world, batch), rank, world, ProcessGroups())
+            rows = out[batch] = []
+            for s in range(cfg.warmup_steps + cfg.in_situ_steps):
+                dist.barrier()
+                for a in acc:
+                    a[:] = [0.0, 0, 0]
+                tr.train_step(s)
+                if s >= cfg.warmup_steps:
+                    rows.append([tuple(a) for a in acc])
+    finally:
+        for name, fn in inner.items():
+            setattr(rt_mod, name, fn)
+    return out
+
+
+def staging_curves(per_rank: list[dict[int, list[list[tuple[float, int, int]]]]]) -> tuple[tuple[Curve, ...], dict]:
+    """One `Curve` per `STAGING_PARTS` part: seconds per call (the median over steps, the mean over
+    ranks) at each batch's bytes per call, made monotone.  A call stages one message here (every
+    op of the chain exchanges with the one other rank), and a smaller message costs what the
+    smallest measured one does: placing 1 KiB took 45 us, most of it fixed."""
+    curves, details = [], {}
+    for part, name in enumerate(STAGING_PARTS):
+        points = []
+        for batch in sorted(STAGING_BATCHES):
+            per_call, sizes = [], []
+            for r in per_rank:
+                rows = [step[part] for step in r[batch] if step[part][2]]
+                if rows:
+                    per_call.append(statistics.median(t / c for t, _, c in rows))
+                    sizes.append(statistics.median(b / c for _, b, c in rows))
+            if per_call:
+                points.append((statistics.fmean(sizes), statistics.fmean(per_call)))
+        if not points:
+            raise ValueError(f"the in-situ workload staged no {name.replace('_', ' ')} message")
+        curve = Curve.fit(points)
+        curves.append(curve)
+        details[name] = {"per_call_s": [[b, t] for b, t in points], "curve": curve.to_json()}
+    return tuple(curves), details
 
 
 def message_latencies(per_rank: list[dict[str, list]]) -> tuple[list[float], float]:
@@ -830,7 +936,8 @@ def fit_exchange_latency(cal: RuntimeCalibration, world: int, cfg: "Settings",
 
 def summary(cal: RuntimeCalibration) -> dict[str, Any]:
     """The numbers `autopar profile` prints: p2p at 4 B and 1 MiB, all-reduce at 1 MiB among all
-    ranks, the overheads (microseconds) and the optimizer coefficients."""
+    ranks, the overheads (microseconds), the optimizer coefficients and the staging of a 1 MiB
+    message."""
     us = 1e6
     return {"world": cal.world, "source": cal.source,
             "p2p_4B_us": cal.p2p(4) * us, "p2p_1MiB_us": cal.p2p(1 << 20) * us,
@@ -838,6 +945,8 @@ def summary(cal: RuntimeCalibration) -> dict[str, Any]:
             "fwd_task_us": cal.fwd_task_s * us, "bwd_task_us": cal.bwd_task_s * us, "exchange_us": cal.exchange_s * us,
             "optimizer": {name: {"tensor_us": t * us, "MiB_us": b * (1 << 20) * us}
                           for name, t, b in cal.optimizer},
+            "staging_1MiB_us": {name: cal.staging_time(k, 1 << 20) * us for k, name in enumerate(STAGING_PARTS)}
+                               if cal.staging else None,
             "date": dict(cal.details).get("date")}
 
 
@@ -849,4 +958,7 @@ def summary_line(cal: RuntimeCalibration) -> str:
     return (f"p2p {s['p2p_4B_us']:.0f} us at 4 B, {s['p2p_1MiB_us']:.0f} us at 1 MiB; all-reduce "
             f"{s['allreduce_1MiB_us']:.0f} us at 1 MiB ({max(2, cal.world)} ranks); overheads fwd "
             f"{s['fwd_task_us']:.0f} us, bwd {s['bwd_task_us']:.0f} us per task, exchange {s['exchange_us']:.0f} us; "
-            f"optimizer {opt}")
+            f"optimizer {opt}"
+            + ("; staging of 1 MiB " + ", ".join(f"{name.replace('_', ' ')} {v:.0f} us"
+                                                   for name, v in s["staging_1MiB_us"].items())
+               if s["staging_1MiB_us"] else ""))

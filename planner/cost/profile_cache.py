@@ -191,6 +191,13 @@ class _CacheFile(BaseModel):
     method: int = 1
 
 
+def _without_staging(doc: Any) -> bool:
+    """Whether a stored calibration of ranks that exchange messages was measured before its
+    staging curves were (`RuntimeCalibration.staging`): the simulator would miss that cost."""
+    return (isinstance(doc, dict) and doc.get("source", "measured") == "measured"
+            and int(doc.get("world", 1) or 1) >= 2 and not doc.get("staging"))
+
+
 class ProfileCache:
     """Measured (forward, backward) seconds per task key; see the module docstring."""
 
@@ -233,11 +240,16 @@ class ProfileCache:
                             f"calibration(s) measured the way an older autopar measured them (method {doc.method}, "
                             f"now {MEASUREMENT_METHOD}); they are measured again")
             return cache
+        stale = sorted(k for k, c in doc.calibrations.items() if _without_staging(c))
         try:
-            return cls({k: (v.forward, v.backward) for k, v in doc.entries.items()}, path=p,
-                       calibrations=doc.calibrations)
+            cache = cls({k: (v.forward, v.backward) for k, v in doc.entries.items()}, path=p,
+                        calibrations={k: c for k, c in doc.calibrations.items() if k not in stale})
         except CostModelError as e:
             raise CostModelError(f"profile cache {p}: {e}") from e
+        if stale:
+            cache.notice = (f"profile cache {p}: runtime calibration(s) {', '.join(stale)} were measured before autopar "
+                            "timed the staging of messages; they are measured again (the op times are kept)")
+        return cache
 
     def save(self, path: str | os.PathLike | None = None) -> Path:
         """Write the cache atomically (temporary file in the same directory, then ``os.replace``)."""

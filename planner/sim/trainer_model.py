@@ -41,7 +41,8 @@ on every parameter's holdings).
 
 from __future__ import annotations
 
-from ..cost.calibration import RuntimeCalibration, default_calibration
+from ..cost.calibration import (FORWARD_RECEIVE, FORWARD_SEND, GRADIENT_RECEIVE, GRADIENT_SEND, RuntimeCalibration,
+                                default_calibration)
 from ..ir.graph import OperatorGraph
 from ..ir.regions import union_volume, volume
 from ._layout import MAX_PARTS
@@ -267,28 +268,54 @@ def edge_plan(b, i: int, op, j: int, ccfg, pcfg) -> tuple:
             edges.append(((1, n - i, 0, ct), (1, n - p, 0, pt)))
         else:
             pieces.setdefault((pt, dd), {}).setdefault(box, []).append(ct)
-    tasks, keys = [], []
+    tasks: list = []
     for (pt, dd), boxes in pieces.items():
         nbytes = max(float(sum(map(volume, boxes)) * itemsize), _MIN_TRANSFER_BYTES)
         dst = sorted({ct for cts in boxes.values() for ct in cts})
         sd = pdev[pt]
         pair = (min(sd, dd), max(sd, dd))
-        mt, me, first, last = _message(b, (0, i, 1, j, pt, dd), b._route(sd, dd), rt, nbytes, (0, i) + pair)
+        key = (0, i, 1, j, pt, dd)
+        mt, me, first, last = _message(b, key, b._route(sd, dd), rt, nbytes, (0, i) + pair)
         tasks += mt
         edges += me
-        keys += [t[0] for t in mt]
         edges += [((0, p, 0, pt), first), (arrive(i, sd), first), (arrive(i, dd), first)]
         edges += [(k, inputs_in(i, dd)) for k in last]
+        _stage(b, tasks, edges, key, first, last, nbytes, FORWARD_SEND, sd, ((0, p, 0, pt), arrive(i, sd)),
+               inputs_in(i, sd), FORWARD_RECEIVE, dd, (inputs_in(i, dd),))
         if grads:
-            mt, me, first, last = _message(b, (1, n - i, 1, j, pt, dd), b._route(dd, sd), rt, nbytes,
-                                           (1, i) + pair)
+            key = (1, n - i, 1, j, pt, dd)
+            mt, me, first, last = _message(b, key, b._route(dd, sd), rt, nbytes, (1, i) + pair)
             tasks += mt
             edges += me
-            keys += [t[0] for t in mt]
             edges += [((1, n - i, 0, c), first) for c in dst]
             edges += [(grads_out(n, i, dd), first), (grads_out(n, i, sd), first)]
             edges += [(k, grads_in(n, i, sd)) for k in last] + [(k, (1, n - p, 0, pt)) for k in last]
+            _stage(b, tasks, edges, key, first, last, nbytes, GRADIENT_SEND, dd,
+                   tuple((1, n - i, 0, c) for c in dst) + (grads_out(n, i, dd),), grads_in(n, i, dd),
+                   GRADIENT_RECEIVE, sd, (grads_in(n, i, sd), (1, n - p, 0, pt)))
+    keys = [t[0] for t in tasks]
     return tasks, edges, tuple(keys)
+
+
+def _stage(b, tasks: list, edges: list, key: tuple, first: tuple, last: tuple, nbytes: float,
+           send_part: int, src: int, src_after: tuple, src_next: tuple, recv_part: int, dst: int,
+           dst_next: tuple) -> None:
+    """The sender's and the receiver's staging of one message on their own cores (the calibrated
+    ``staging`` per byte, `RuntimeCalibration.staging_time`): the sender cuts and packs it before
+    the message leaves, once it has what it sends and has reached the exchange (`src_after`), and
+    its program goes on only after (`src_next`); the receiver places it
+    (or adds a gradient into its accumulator) after it arrives and before what needs it
+    (`dst_next`).  Nothing is added where the calibration has no staging cost."""
+    rt: RuntimeCalibration = b.runtime
+    pack, place = rt.staging_time(send_part, nbytes), rt.staging_time(recv_part, nbytes)
+    if pack > 0:
+        k = key + (-3,)
+        tasks.append((k, src, max(pack, MIN_TASK_SECONDS), "overhead", 0.0, "pack"))
+        edges += [(q, k) for q in src_after] + [(k, first), (k, src_next)]
+    if place > 0:
+        k = key + (-4,)
+        tasks.append((k, dst, max(place, MIN_TASK_SECONDS), "overhead", 0.0, "place"))
+        edges += [(q, k) for q in last] + [(k, nxt) for nxt in dst_next]
 
 
 def sync_plan(b, holdings: dict) -> tuple:

@@ -7,8 +7,9 @@ import pytest
 
 from autopar.planner.cost import ProfileCache
 from autopar.planner.cost.calibration import RuntimeCalibration
-from autopar.trainer.calibrate import (QUICK_SIZES, calibrate, fit_intercept, fit_optimizer, message_latencies,
-                                      message_serial)
+from autopar.planner.cost.calibration import STAGING_PARTS
+from autopar.trainer.calibrate import (QUICK_SIZES, STAGING_BATCHES, calibrate, fit_intercept, fit_optimizer,
+                                      message_latencies, message_serial, staging_curves)
 
 
 def _monotone_positive(points) -> bool:
@@ -46,6 +47,11 @@ def test_a_quick_calibration_of_two_ranks_is_complete_and_round_trips(tmp_path):
     assert fit["predicted_step_s"] > 0 and fit["measured_step_s"] > 0
     batches = details["message_batches"]
     assert cal.message_serial_s == batches["message_serial_s"] >= 0 and batches["one_each_way_s"] > 0
+    # Staging was timed in the runtime's own steps: placing 1 MiB costs more than placing 1 KiB.
+    assert len(cal.staging) == len(STAGING_PARTS) and set(details["staging"]) >= set(STAGING_PARTS)
+    for part in range(len(STAGING_PARTS)):
+        assert cal.staging_time(part, 1 << 20) >= cal.staging_time(part, 1 << 10) >= 0
+    assert cal.staging_time(1, 1 << 20) > cal.staging_time(1, 1 << 10) > 0
     # The optimizer was timed inside the trainer's steps: bigger cases cost more.
     for name, samples in details["optimizer_samples"].items():
         by_bytes = sorted(samples, key=lambda s: s[1])
@@ -104,3 +110,25 @@ def test_message_serial_is_half_what_a_second_message_each_way_adds():
     # never more than half a one-message latency, never negative
     assert message_serial([{1: one, 2: [(0.0, 9e-3)] * 2}] * 2)[0] == pytest.approx(0.5e-3)
     assert message_serial([{1: two, 2: one}] * 2)[0] == 0.0
+
+
+def test_staging_curves_are_seconds_per_call_at_each_message_size():
+    """Per part: the median over steps of seconds per call, averaged over ranks, at the bytes of
+    one call; monotone; a step that staged nothing of a part does not count."""
+    def rank(scale):
+        out = {}
+        for k, batch in enumerate(sorted(STAGING_BATCHES)):
+            nbytes = 1024 * 4 ** k
+            # (seconds, bytes, calls) per part: 10 calls a step; part 2 also has an empty step
+            step = [(10 * scale * (20e-6 + nbytes * 1e-10), 10 * nbytes, 10) for _ in STAGING_PARTS]
+            out[batch] = [step, step, step[:2] + [(0.0, 0, 0)] + step[3:]]
+        return out
+    curves, details = staging_curves([rank(1.0), rank(3.0)])
+    assert len(curves) == len(STAGING_PARTS) and set(details) == set(STAGING_PARTS)
+    for curve in curves:
+        for k in range(len(STAGING_BATCHES)):
+            nbytes = 1024 * 4 ** k
+            assert curve(nbytes) == pytest.approx(2.0 * (20e-6 + nbytes * 1e-10))
+        assert curve(16) == curve(1024)              # smaller messages cost what the smallest did
+    with pytest.raises(ValueError, match="staged no forward send"):
+        staging_curves([{b: [[(0.0, 0, 0)] * 4] for b in STAGING_BATCHES}])

@@ -209,3 +209,24 @@ def test_keys_with_functions_and_modules_in_attrs_are_the_same_in_another_proces
     keys = [theirs, ours.getvalue().strip()]
     assert keys[0] == keys[1]
     assert "0x" not in keys[0] and "relu" in keys[0] and "Conv2d(16, 32, kernel_size=(3, 3)" in keys[0]
+
+
+def test_a_calibration_measured_before_staging_was_timed_is_dropped_but_the_op_times_stay(tmp_path):
+    """A measured calibration of ranks that exchange messages, without staging curves, would leave
+    the simulator without that cost: it is dropped with a notice and measured again; the op times
+    of the same file and a default calibration stay."""
+    from autopar.planner.cost import default_calibration
+    from autopar.planner.cost.profile_cache import MEASUREMENT_METHOD
+    old = default_calibration("CPU-core", "gloo", 2).to_json()
+    old.update(source="measured")
+    del old["staging"]
+    one = {**old, "world": 1}
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps({"version": 1, "method": MEASUREMENT_METHOD,
+                                "entries": {"k": {"forward": 1e-3, "backward": 2e-3}},
+                                "calibrations": {"CPU-core|gloo|2": old, "CPU-core|gloo|1": one}}))
+    cache = ProfileCache.load(path)
+    assert cache.get("k") == (1e-3, 2e-3)
+    assert cache.calibration("CPU-core", "gloo", 2) is None
+    assert cache.calibration("CPU-core", "gloo", 1) is not None     # one rank stages nothing
+    assert "CPU-core|gloo|2" in cache.notice and "staging" in cache.notice and "op times are kept" in cache.notice

@@ -90,6 +90,44 @@ def test_the_messages_of_one_exchange_between_two_ranks_queue_one_after_another(
     assert not [k for k in plain.build(model_parallel(g, 2)) if k[-1] == -2]
 
 
+def test_each_message_is_packed_by_its_sender_and_placed_by_its_receiver_on_their_cores():
+    """With staging curves, every message gets a pack task on the sending rank's device before it
+    leaves and a place task on the receiving rank's device after it arrives, lasting the curve's
+    time for its bytes; the sender's program waits for its packing and the receiver's for its
+    placing, so the step grows; without curves there are none."""
+    from dataclasses import replace
+    from autopar.planner.cost import Curve
+    from autopar.planner.cost.calibration import STAGING_PARTS
+    g = mlp()
+    base = replace(default_calibration("CPU-core", "gloo", 2), staging=())
+    curves = tuple(Curve(((0.0, (k + 1) * 10e-6), (1e6, (k + 1) * 10e-6 + 1e-3))) for k in range(len(STAGING_PARTS)))
+    cal = replace(base, staging=curves)
+    topo = get_preset("local:2")
+    b = TaskGraphBuilder(g, topo, CostModel().bind(g), runtime=cal)
+    res, tl, tg = simulate_strategy(b, model_parallel(g, 2))
+    wires = {k[:-1]: tg.task(k) for k in tg if tg.task(k).kind == "comm" and k[-1] == 0}
+    assert wires
+    n = len(g.ops)
+    for key, wire in wires.items():
+        forward = key[0] == 0
+        pack, place = tg.task(key + (-3,)), tg.task(key + (-4,))
+        send_part, recv_part = (0, 1) if forward else (2, 3)
+        assert pack.duration == pytest.approx(cal.staging_time(send_part, wire.nbytes))
+        assert place.duration == pytest.approx(cal.staging_time(recv_part, wire.nbytes))
+        assert pack.kind == place.kind == "overhead"
+        assert {pack.resource, place.resource} == {0, 1}
+        assert tl.end[key + (-3,)] <= tl.start[key + (-1,)] + 1e-12           # packed before it leaves
+        assert tl.start[key + (-4,)] >= tl.end[key + (0,)] - 1e-12            # placed after it arrived
+        i = key[1] if forward else n - key[1]
+        dst = place.resource
+        after = (0, i, -1, dst, 1) if forward else (1, n - i, 2, dst, 1)
+        assert tl.end[key + (-4,)] <= tl.start[after] + 1e-12                  # before the program goes on
+    plain_res, _, plain_tg = simulate_strategy(TaskGraphBuilder(g, topo, CostModel().bind(g), runtime=base),
+                                               model_parallel(g, 2))
+    assert not [k for k in plain_tg if k[-1] in (-3, -4)]
+    assert res.step_time > plain_res.step_time
+
+
 def test_the_optimizer_steps_after_every_bucket_of_its_rank():
     g = rnn(steps=3)
     cal = default_calibration("CPU-core", "gloo", 2)
