@@ -18,7 +18,10 @@ overheads, point-to-point and all-reduce times under load, the optimizer), as `a
 4. trained on 2 gloo ranks of one thread each for `warmup` + `steps` steps.  All strategies of a
    model train inside the same two processes, in blocks of consecutive steps taken in turn
    (`_measure`), so they see the same machine load and each step runs as in a user's run; a
-   step's time is its slowest rank's (each step starts at a barrier).
+   step's time is its slowest rank's (each step starts at a barrier).  A plan two strategies
+   share (the search often returns data parallelism itself) trains once, and both rows carry
+   its measurement (``same_plan_as``): measured twice, the noise between two runs of one plan
+   (7.5 % once here) would make the searched plan look slower than itself.
 
 Per row: ``simulated_s``, ``measured_s`` (median step), ``cv`` (coefficient of variation of the
 measured steps) and ``error`` = simulated / measured - 1, and both sides split into parts:
@@ -325,22 +328,32 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
             chosen = strategies(graph, topology, cost, spec.module, cfg, log)
             builder = TaskGraphBuilder(graph, topology, cost, _OPT.name)
             simulated = {name: simulate_parts(builder, s) for name, s in chosen.items()}
-            jobs = [Job(TrainConfig(model=model, optimizer=_OPT, log=False), spec, graph, s) for s in chosen.values()]
+            # A plan two strategies share (the search often returns data parallelism itself) is one
+            # plan: it trains once, and both rows carry that measurement, so that run-to-run noise
+            # never makes a plan look slower than itself.
+            first: dict[tuple, str] = {}
+            same = {name: first.setdefault(s.configs, name) for name, s in chosen.items()}
+            unique = list(dict.fromkeys(same.values()))
+            jobs = [Job(TrainConfig(model=model, optimizer=_OPT, log=False), spec, graph, chosen[n]) for n in unique]
             t0 = time.perf_counter()
             per_rank = run_local(_measure, WORLD, (jobs, cfg["warmup"], cfg["steps"]))
             log(f"  trained {len(jobs)} strategies x {cfg['warmup'] + cfg['steps']} steps in "
                 f"{time.perf_counter() - t0:.0f} s")
-            for k, name in enumerate(chosen):
-                med, cv, mparts = _measured_row([r[k] for r in per_rank])
+            measured = {n: _measured_row([r[k] for r in per_rank]) for k, n in enumerate(unique)}
+            for name in chosen:
+                med, cv, mparts = measured[same[name]]
                 sim_s, sparts = simulated[name]
                 row = {"model": graph.name, "strategy": name, "simulated_s": sim_s, "measured_s": med, "cv": cv,
                        "error": sim_s / med - 1.0, "simulated_parts_s": sparts, "measured_parts_s": mparts,
                        "plan": {op.name: [list(chosen[name][op.name].degrees), list(chosen[name][op.name].devices)]
                                 for op in graph.ops}}
+                if same[name] != name:
+                    row["same_plan_as"] = same[name]
                 row["off"] = _off_part(sparts, mparts)
                 rows.append(row)
                 log(f"  {name:15s} simulated {sim_s * 1e3:8.2f} ms  measured {med * 1e3:8.2f} ms "
-                    f"(cv {100 * cv:4.1f} %)  error {100 * row['error']:+6.1f} %   {row['off']}")
+                    f"(cv {100 * cv:4.1f} %)  error {100 * row['error']:+6.1f} %   {row['off']}"
+                    + (f" (the plan of {same[name]})" if same[name] != name else ""))
     from .calibrate import summary
     doc = {"world_size": WORLD, "backend": "gloo", "threads_per_rank": 1, "quick": quick,
            "calibration": summary(calibration),

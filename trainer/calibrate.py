@@ -80,10 +80,13 @@ is: run it when nothing else competes for the cores.  `calibrate(world)` measure
    per-tensor cost (about 30 us for SGD here, cold), the large ones the per-byte cost (about
    0.5 ms per MiB), and neither drowns the other.
 
-6. **Message latency inside steps** (`fit_exchange_latency`): the trainer runs a model-parallel
-   chain (`in_situ_job`) and every exchange call of both ranks is timestamped; a message's
-   latency runs from the moment the last rank enters the exchange to the moment the receiver's
-   call returns (`message_latencies`).  Their mean is the latency of the point-to-point curve.
+6. **Messages inside steps** (`fit_exchange_latency`): the trainer runs a model-parallel chain
+   (`in_situ_job`) at batches of 2 to 2048 rows (messages of 1 KiB to 1 MiB, `IN_SITU_BATCHES`)
+   and every exchange call of both ranks is timestamped; a message's latency runs from the
+   moment the last rank enters the exchange to the moment the receiver's call returns
+   (`message_latencies`).  The mean at each size is a point of the point-to-point curve (on this
+   machine 0.65 ms at 1 KiB, 0.85-0.95 ms at 16-256 KiB, 1.2 ms at 1 MiB); beyond 1 MiB the
+   microbenchmark's median curve, shifted to meet it.  The same steps give the staging (8.).
 
 7. **Messages of one exchange** (``message_serial_s``, `message_serial`): ranks 0 and 1 compute
    for 0.3 ms, then exchange one message each way, or two, in one `exchange_many` call, hundreds
@@ -91,9 +94,8 @@ is: run it when nothing else competes for the cores.  `calibrate(world)` measure
    1.5-1.75 ms on average against 1.0 ms for one (and an RNN's model-parallel steps showed the
    same, 1.45 against 0.93 ms).  Half the difference is the serial turn of one message.
 
-8. **Staging** (``staging``, `staging_curves`): the in-situ chain again, at batches of 2 to 2048
-   rows (messages of 1 KiB to 1 MiB), with the runtime's four staging functions timed inside its
-   steps: cutting and packing a forward message (`trainer.redistribute.forward_sends`), placing
+8. **Staging** (``staging``, `staging_curves`): in the in-situ chain's steps of stage 6, the
+   runtime's four staging functions are timed too: cutting and packing a forward message (`trainer.redistribute.forward_sends`), placing
    the received pieces into the consumer's input (`forward_inputs`), packing a gradient
    (`backward_sends`) and adding a received gradient into its producer's accumulator
    (`backward_accumulate`).  Seconds per call against bytes per call, one monotone curve each.
@@ -629,20 +631,21 @@ def calibrate(world: int, *, quick: bool = False, progress: Callable[[str], None
                              optimizer=tuple(optimizer), comm_uses_cores=(os.cpu_count() or 1) < 2 * world,
                              source="measured", details=())
 
-    # 6.
+    # 6. and 8.
     if world >= 2:
-        say(f"exchange latency inside training steps (a model-parallel chain on {world} ranks)")
-        cal, fit = fit_exchange_latency(cal, world, cfg, wire=p2p_median)
+        say(f"messages inside training steps (a model-parallel chain on {world} ranks, "
+            f"{len(IN_SITU_BATCHES)} message sizes)")
+        in_situ = run_local(_in_situ_rank, world, (cfg,))
+        staging, staged = staging_curves(in_situ)
+        cal = replace(cal, staging=staging)
+        details["staging"] = staged
+        cal, fit = fit_exchange_latency(cal, world, cfg, in_situ, wire=p2p_median)
         details["in_situ"] = fit
         say(f"messages of one exchange on {world} ranks (one and two each way)")
         serial, means = message_serial(run_local(_batch_rank, world, (cfg,)))
         cal = replace(cal, message_serial_s=serial)
         details["message_batches"] = {**means, "message_serial_s": serial, "busy_s": BATCH_BUSY_S,
                                       "message_bytes": BATCH_FLOATS * 4, "repetitions": cfg.batch_reps}
-        say(f"staging of messages inside training steps (the chain at batches {STAGING_BATCHES})")
-        staging, staged = staging_curves(run_local(_staging_rank, world, (cfg,)))
-        cal = replace(cal, staging=staging)
-        details["staging"] = {**staged, "batches": list(STAGING_BATCHES)}
     if not_measured:
         details["not_measured"] = not_measured
     details["seconds"] = time.perf_counter() - t_all
@@ -700,38 +703,6 @@ def message_serial(per_rank: list[dict[int, list[tuple[float, float]]]]) -> tupl
     return serial, {"one_each_way_s": means[1], "two_each_way_s": means[2]}
 
 
-def _in_situ_rank(rank: int, world: int, cfg: "Settings") -> dict[str, list]:
-    """The in-situ workload (`in_situ_job`) on this rank: its step times, and for every
-    `exchange_many` call of the timed steps when it was entered and when it returned
-    (``time.perf_counter``, one system-wide clock on one machine) and how many bytes it received."""
-    from . import runtime as rt_mod
-    from .comm import ProcessGroups
-    from .session import Trainer
-    inner = rt_mod.exchange_many
-    calls: list[tuple[float, float, int]] = []
-
-    def timed(sends, recvs, device, pending):
-        t0 = time.perf_counter()
-        got = inner(sends, recvs, device, pending)
-        calls.append((t0, time.perf_counter(), sum(t.numel() * t.element_size() for t in got.values())))
-        return got
-    rt_mod.exchange_many = timed
-    try:
-        tr = Trainer(in_situ_job(world), rank, world, ProcessGroups())
-        times, timed_calls = [], []
-        for s in range(cfg.warmup_steps + cfg.in_situ_steps):
-            dist.barrier()
-            calls.clear()
-            t0 = time.perf_counter()
-            tr.train_step(s)
-            if s >= cfg.warmup_steps:
-                times.append(time.perf_counter() - t0)
-                timed_calls.append(list(calls))
-    finally:
-        rt_mod.exchange_many = inner
-    return {"times": times, "calls": timed_calls}
-
-
 IN_SITU_LAYERS = 12
 IN_SITU_WIDTH = 256
 IN_SITU_BATCH = 32
@@ -760,9 +731,9 @@ def in_situ_job(world: int, batch: int = IN_SITU_BATCH):
     return Job(cfg, spec, graph, strategy)
 
 
-#: The in-situ workload's batch sizes at which staging is timed (`staging_curves`): messages of
-#: 1, 16, 64, 256 KiB and 1 MiB.
-STAGING_BATCHES = (2, 32, 128, 512, 2048)
+#: The in-situ workload's batch sizes (`_in_situ_rank`): messages of 1, 16, 64, 256 KiB and 1 MiB.
+#: `IN_SITU_BATCH` is among them: its steps are the check of `fit_exchange_latency`.
+IN_SITU_BATCHES = (2, IN_SITU_BATCH, 128, 512, 2048)
 #: The functions of `trainer.redistribute` the runtime stages messages with, by `STAGING_PARTS`
 #: index, and how the bytes of one call are counted: (args, result) -> bytes.
 _STAGING_FUNCTIONS = (
@@ -777,17 +748,27 @@ def _nbytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def _staging_rank(rank: int, world: int, cfg: "Settings") -> dict[int, list[list[tuple[float, int, int]]]]:
-    """The in-situ workload at each of `STAGING_BATCHES` on this rank, with the runtime's staging
-    functions timed: per batch, per timed step, (seconds, bytes, calls) of each `STAGING_PARTS`
-    part (calls that staged no byte are not counted)."""
+def _in_situ_rank(rank: int, world: int, cfg: "Settings") -> dict[int, dict[str, list]]:
+    """The in-situ workload (`in_situ_job`) at each of `IN_SITU_BATCHES` on this rank; per batch,
+    per timed step: its seconds (``times``); every `exchange_many` call, when it was entered and
+    when it returned (``time.perf_counter``, one system-wide clock on one machine) and how many
+    bytes it received (``calls``); and (seconds, bytes, calls) of each `STAGING_PARTS` part, calls
+    that staged no byte not counted (``staging``)."""
     from . import runtime as rt_mod
     from .comm import ProcessGroups
     from .session import Trainer
-    inner = {name: getattr(rt_mod, name) for name, _, _ in _STAGING_FUNCTIONS}
+    names = ["exchange_many"] + [name for name, _, _ in _STAGING_FUNCTIONS]
+    inner = {name: getattr(rt_mod, name) for name in names}
+    calls: list[tuple[float, float, int]] = []
     acc = [[0.0, 0, 0] for _ in STAGING_PARTS]
 
-    def timed(name, part, count):
+    def exchange(sends, recvs, device, pending):
+        t0 = time.perf_counter()
+        got = inner["exchange_many"](sends, recvs, device, pending)
+        calls.append((t0, time.perf_counter(), _nbytes(got.values())))
+        return got
+
+    def staged(name, part, count):
         fn = inner[name]
 
         def wrapper(*args, **kwargs):
@@ -803,38 +784,43 @@ def _staging_rank(rank: int, world: int, cfg: "Settings") -> dict[int, list[list
             return out
         return wrapper
 
-    out: dict[int, list[list[tuple[float, int, int]]]] = {}
+    out: dict[int, dict[str, list]] = {}
     try:
+        rt_mod.exchange_many = exchange
         for name, part, count in _STAGING_FUNCTIONS:
-            setattr(rt_mod, name, timed(name, part, count))
-        for batch in STAGING_BATCHES:
+            setattr(rt_mod, name, staged(name, part, count))
+        for batch in IN_SITU_BATCHES:
             tr = Trainer(in_situ_job(world, batch), rank, world, ProcessGroups())
-            rows = out[batch] = []
+            rows = out[batch] = {"times": [], "calls": [], "staging": []}
             for s in range(cfg.warmup_steps + cfg.in_situ_steps):
                 dist.barrier()
+                calls.clear()
                 for a in acc:
                     a[:] = [0.0, 0, 0]
+                t0 = time.perf_counter()
                 tr.train_step(s)
                 if s >= cfg.warmup_steps:
-                    rows.append([tuple(a) for a in acc])
+                    rows["times"].append(time.perf_counter() - t0)
+                    rows["calls"].append(list(calls))
+                    rows["staging"].append([tuple(a) for a in acc])
     finally:
         for name, fn in inner.items():
             setattr(rt_mod, name, fn)
     return out
 
 
-def staging_curves(per_rank: list[dict[int, list[list[tuple[float, int, int]]]]]) -> tuple[tuple[Curve, ...], dict]:
-    """One `Curve` per `STAGING_PARTS` part: seconds per call (the median over steps, the mean over
-    ranks) at each batch's bytes per call, made monotone.  A call stages one message here (every
+def staging_curves(per_rank: list[dict[int, dict[str, list]]]) -> tuple[tuple[Curve, ...], dict]:
+    """One `Curve` per `STAGING_PARTS` part from `_in_situ_rank`'s results: seconds per call (the
+    median over steps, the mean over ranks) at each batch's bytes per call, made monotone.  A call stages one message here (every
     op of the chain exchanges with the one other rank), and a smaller message costs what the
     smallest measured one does: placing 1 KiB took 45 us, most of it fixed."""
     curves, details = [], {}
     for part, name in enumerate(STAGING_PARTS):
         points = []
-        for batch in sorted(STAGING_BATCHES):
+        for batch in sorted(per_rank[0]):
             per_call, sizes = [], []
             for r in per_rank:
-                rows = [step[part] for step in r[batch] if step[part][2]]
+                rows = [step[part] for step in r[batch]["staging"] if step[part][2]]
                 if rows:
                     per_call.append(statistics.median(t / c for t, _, c in rows))
                     sizes.append(statistics.median(b / c for _, b, c in rows))
@@ -876,39 +862,49 @@ def message_latencies(per_rank: list[dict[str, list]]) -> tuple[list[float], flo
 
 
 def fit_exchange_latency(cal: RuntimeCalibration, world: int, cfg: "Settings",
+                         in_situ: list[dict[int, dict[str, list]]],
                          wire: Curve | None = None) -> tuple[RuntimeCalibration, dict]:
     """`cal` with its point-to-point curve set to what messages take inside real steps.
 
     The microbenchmark times one message at a time; inside a step, messages leave ranks that are
     busy with other ops, and their threads wait for a core on a loaded machine (on this machine a
     message between idle ranks takes 120-190 us, one inside a step about 1 ms, with a heavy tail).
-    So the trainer runs a model-parallel chain (`in_situ_job`) and every message's latency is
-    measured where it happens (`message_latencies`: from the moment both ranks are in the
-    exchange to the moment the receiver has the data).  Their mean -- the simulator adds
-    latencies, so the tail counts in full -- is the latency of every message; its bytes add what
-    the microbenchmark's `wire` curve (the median wait per size: the tail is the latency's, not
-    the bytes') gives: that curve is shifted to pass through the measured latency at the
-    workload's message size (without `wire`, the microbenchmark's mean curve is).
+    So the trainer runs a model-parallel chain (`in_situ_job`, `_in_situ_rank`: the ranks'
+    results are `in_situ`) at several batch sizes, and every message's latency is measured where
+    it happens (`message_latencies`: from the moment both ranks are in the exchange to the moment
+    the receiver has the data).  At each size, their mean -- the simulator adds latencies, so the
+    tail counts in full -- is a point of the curve; the curve is made monotone, and beyond the
+    largest size it follows the microbenchmark's `wire` curve (the median wait per size; without
+    it, the microbenchmark's mean curve), shifted to meet the last point.  Inside steps the
+    bytes cost more than between idle ranks too: on this machine 1 MiB took 0.83 ms (median)
+    in the chain and 0.33 ms in the microbenchmark.
 
-    A measurement, not a fit: the step time the simulator predicts for the workload with this
-    calibration (its ops profiled as `autopar profile` does) is kept beside the measured one in
-    the details as a check.  (An earlier version instead chose the latency that made that
-    prediction equal to the measured step; it absorbed every error of the ops' profile into the
-    latency, which moved from 0.08 to 1.3 ms between calibrations of the same machine.)"""
+    A measurement, not a fit: the step time the simulator predicts for the workload at
+    `IN_SITU_BATCH` with this calibration (its ops profiled as `autopar profile` does) is kept
+    beside the measured one in the details as a check.  (An earlier version instead chose the
+    latency that made that prediction equal to the measured step; it absorbed every error of the
+    ops' profile into the latency, which moved from 0.08 to 1.3 ms between calibrations of the
+    same machine.)"""
     from autopar.planner.cost import CostModel, ProfileCache, profile_ops
     from autopar.planner.hardware import get_preset
     from autopar.planner.sim import TaskGraphBuilder, simulate_strategy
 
-    per_rank = run_local(_in_situ_rank, world, (cfg,))
-    steps = [max(ts) for ts in zip(*(r["times"] for r in per_rank))]
-    measured = statistics.median(steps)
-    samples, size = message_latencies(per_rank)
-    latency = statistics.fmean(samples)
+    per_size = []
+    for batch in sorted(in_situ[0]):
+        samples, size = message_latencies([r[batch] for r in in_situ])
+        st = _stats(samples)
+        per_size.append({"batch": batch, "message_bytes": size, "messages": len(samples), "mean_s": st["mean"],
+                         "median_s": st["median"], "p90_s": st["p90"]})
     shape = wire if wire is not None else cal.p2p
-    shift = latency - shape(size)
-    tuned = replace(cal, p2p=Curve(tuple((x, max(0.0, y + shift)) for x, y in shape.points)))
+    last = per_size[-1]
+    shift = last["mean_s"] - shape(last["message_bytes"])
+    points = [(p["message_bytes"], p["mean_s"]) for p in per_size]
+    points += [(x, max(0.0, y + shift)) for x, y in shape.points if x > last["message_bytes"]]
+    tuned = replace(cal, p2p=Curve.fit(points))
 
     job = in_situ_job(world)
+    check = [r[IN_SITU_BATCH] for r in in_situ]
+    steps = [max(ts) for ts in zip(*(r["times"] for r in check))]
     graph, strategy = job.graph, job.strategy
     topology = get_preset(f"local:{world}")
     cache = ProfileCache()
@@ -925,11 +921,12 @@ def fit_exchange_latency(cal: RuntimeCalibration, world: int, cfg: "Settings",
     def predicted(c: RuntimeCalibration) -> float:
         return simulate_strategy(TaskGraphBuilder(graph, topology, cost, "sgd", runtime=c), strategy)[0].step_time
 
-    st = _stats(samples)
-    fit = {"workload": job.spec.description, "strategy": strategy.name, "measured_step_s": measured,
-           "steps": len(steps), "messages": len(samples), "message_bytes": size,
-           "latency_mean_s": latency, "latency_median_s": st["median"], "latency_p90_s": st["p90"],
-           "microbenchmark_s": cal.p2p(size), "predicted_step_s": predicted(tuned),
+    at = next(p for p in per_size if p["batch"] == IN_SITU_BATCH)
+    fit = {"workload": job.spec.description, "strategy": strategy.name, "batches": list(IN_SITU_BATCHES),
+           "per_size": per_size, "measured_step_s": statistics.median(steps), "steps": len(steps),
+           "messages": at["messages"], "message_bytes": at["message_bytes"], "latency_mean_s": at["mean_s"],
+           "latency_median_s": at["median_s"], "latency_p90_s": at["p90_s"],
+           "microbenchmark_s": cal.p2p(at["message_bytes"]), "predicted_step_s": predicted(tuned),
            "predicted_at_microbenchmark_s": predicted(cal)}
     return tuned, fit
 

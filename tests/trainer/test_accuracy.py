@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from autopar.trainer.accuracy import _measured_row, kendall_tau, run_accuracy_bench, totals
@@ -53,6 +55,15 @@ def test_a_small_accuracy_run_reports_every_row_and_the_totals():
         assert r["simulated_s"] > 0 and r["measured_s"] > 0 and r["error"] == pytest.approx(
             r["simulated_s"] / r["measured_s"] - 1)
         assert set(r["simulated_parts_s"]) == {"compute", "optimizer", "rest"}
+    # A plan two strategies share trained once: the later row names the first and has its numbers.
+    seen: dict = {}
+    for r in doc["rows"]:
+        key = json.dumps(r["plan"], sort_keys=True)
+        if key in seen:
+            assert r["same_plan_as"] == seen[key]["strategy"] and r["measured_s"] == seen[key]["measured_s"]
+        else:
+            assert "same_plan_as" not in r
+            seen[key] = r
     assert {"median_abs_error", "p90_abs_error", "max_abs_error", "mean_error", "kendall_tau",
             "searched_vs_best_measured"} <= set(doc)
 
