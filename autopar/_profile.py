@@ -37,7 +37,7 @@ def run_profile(args) -> int:
 
     report = profile_local([args.model], workers=workers, options=parse_options(args.model_opt), cache=cache,
                            repeats=args.repeats, warmup=args.warmup, max_tasks=args.max_tasks, device=device,
-                           progress=progress)
+                           progress=progress, rounds=args.rounds)
     if last[0]:
         print(file=sys.stderr)
     doc = report.to_dict()

@@ -160,6 +160,9 @@ def _build_parser(command: str | None = None) -> argparse.ArgumentParser:
                                     "the profile cache the cost model reads.")
     add_model_args(pr)
     pr.add_argument("--repeats", type=int, default=5, help="timed runs per task (median is kept)")
+    pr.add_argument("--rounds", type=int, default=3,
+                    help="passes over all tasks, one after another; each task keeps its median pass (the "
+                         "machine's speed moves from second to second)")
     pr.add_argument("--warmup", type=int, default=5,
                     help="untimed runs per task first (the first few backward passes fault in fresh gradient pages)")
     pr.add_argument("--max-tasks", type=int, default=None, help="profile at most this many new task shapes")

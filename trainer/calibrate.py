@@ -23,8 +23,9 @@ is: run it when nothing else competes for the cores.  `calibrate(world)` measure
    (median 150-250 us, 90th percentile 1-7 ms) — a real step's exchanges average about 0.8 ms.
    The curve is fitted (`Curve.fit`) to the **mean** wait of many repetitions (120 per size);
    the median curve and the 90th percentiles are kept in ``details``.  With two or more ranks,
-   stage 6 replaces it: the latency measured on real steps' messages, plus what the *median*
-   curve adds for the bytes (the tail belongs to the latency, not to the bytes).
+   stage 6 replaces it: up to 1 MiB by the mean latencies measured on real steps' messages of
+   five sizes, beyond by the *median* curve shifted to meet them (the tail belongs to the
+   latency, not to the bytes).
 2. **All-reduce** (`RuntimeCalibration.allreduce`): for every group size r in 2..world (the
    ranks 0..r-1; every rank creates every group, in the same order, before the first
    measurement), the same sizes, ``dist.all_reduce`` of a float32 tensor.  Each member times its
@@ -95,10 +96,10 @@ is: run it when nothing else competes for the cores.  `calibrate(world)` measure
    same, 1.45 against 0.93 ms).  Half the difference is the serial turn of one message.
 
 8. **Staging** (``staging``, `staging_curves`): in the in-situ chain's steps of stage 6, the
-   runtime's four staging functions are timed too: cutting and packing a forward message (`trainer.redistribute.forward_sends`), placing
-   the received pieces into the consumer's input (`forward_inputs`), packing a gradient
-   (`backward_sends`) and adding a received gradient into its producer's accumulator
-   (`backward_accumulate`).  Seconds per call against bytes per call, one monotone curve each.
+   runtime's four staging functions are timed too: cutting and packing a forward message
+   (`trainer.redistribute.forward_sends`), placing the received pieces into the consumer's input
+   (`forward_inputs`), packing a gradient (`backward_sends`) and adding a received gradient into
+   its producer's accumulator (`backward_accumulate`).  Seconds per call against bytes per call, one monotone curve each.
    On this machine, for 1 KiB and 1 MiB: 4 and 13 us to send forward, 45 and 550 us to place,
    23 and 196 us to send a gradient, 62 and 392 us to add one.  Stage 4 timed the same functions
    on messages of a few hundred bytes, between ranks taking turns, at 15-20 us per call; the

@@ -28,7 +28,11 @@ autopar: for every distinct task key (`planner.cost.profile_cache.task_key`) of 
    against 3–5 µs per node) that a training step pays once per autograd call, not once per op
    of a fused chain; `engine_overhead` measures it (chains of 1 and 9 trivial nodes into a leaf
    whose ``.grad`` is preset) and it is subtracted, keeping at least one trivial node's time;
-4. stores the two medians under the device's product name.
+4. stores the two medians under the device's product name.  `profile_local` makes `ROUNDS`
+   passes over all the tasks, one after another, and keeps each task's median pass: the
+   machine's speed moves from second to second, and one pass of a few seconds samples one
+   moment of it (five back-to-back one-pass profiles of rnnlm summed its data-parallel ops to
+   51.5-64.9 ms; with three passes, 55.6-60.9 ms).
 
 Measurement conditions.  Repeating one op on the same tensors keeps them in the core's private
 caches, which a real step does not: other ops evict them between two uses.  On the CPU, every
@@ -75,6 +79,10 @@ ForwardTask = Callable[[Op, dict, list, list], Any]
 
 #: Where Linux describes cpu0's caches (one ``index<i>`` folder per cache: level, type, size).
 CPU_CACHE_SYSFS = Path("/sys/devices/system/cpu/cpu0/cache")
+#: Passes over all tasks `profile_local` makes by default, keeping each task's median pass: the
+#: machine's speed moves from second to second (five back-to-back profiles of rnnlm, about 3 s
+#: each, summed its data-parallel ops to 51.5-64.9 ms), so one pass samples one moment of it.
+ROUNDS = 3
 #: The L2 size assumed when sysfs does not tell it, and the most the eviction buffer may take.
 L2_FALLBACK_BYTES = 4 << 20
 EVICT_CAP_BYTES = 64 << 20
@@ -433,9 +441,10 @@ class _Retained:
             self._bytes -= sum(t.numel() * t.element_size() for t in old)
 
 
-def _check_counts(repeats: int, warmup: int) -> None:
-    if repeats < 1 or warmup < 0:
-        raise CostModelError(f"profiling needs repeats >= 1 and warmup >= 0, got repeats={repeats} warmup={warmup}")
+def _check_counts(repeats: int, warmup: int, rounds: int = 1) -> None:
+    if repeats < 1 or warmup < 0 or rounds < 1:
+        raise CostModelError(f"profiling needs repeats >= 1, warmup >= 0 and rounds >= 1, got repeats={repeats} "
+                             f"warmup={warmup} rounds={rounds}")
 
 
 def _new_work(graph: OperatorGraph, degree_choices: Iterable[tuple[str, Sequence[int]]] | None, kind: str,
@@ -470,7 +479,7 @@ def profile_ops(graph: OperatorGraph, degree_choices: Iterable[tuple[str, Sequen
                 device: torch.device, cache: ProfileCache, *, repeats: int = 10, warmup: int = 3,
                 device_kind: str | None = None, forward_task: ForwardTask | None = None,
                 module: nn.Module | None = None, budget: float | None = 2.0, max_tasks: int | None = None,
-                progress: Callable[[int, int, str], None] | None = None) -> ProfileReport:
+                progress: Callable[[int, int, str], None] | None = None, rounds: int = 1) -> ProfileReport:
     """Measure every distinct task key of `degree_choices` the cache lacks; store the medians.
 
     `degree_choices` lists (op name, degrees) pairs; None means every op unpartitioned.  Ops
@@ -478,30 +487,47 @@ def profile_ops(graph: OperatorGraph, degree_choices: Iterable[tuple[str, Sequen
     and listed in the report with the error, so one unsupported op does not stop a run.  `budget`
     caps the seconds spent timing one direction of one task (slow tasks get fewer repeats);
     `max_tasks` caps how many new keys are measured (the rest are counted in ``remaining``).
-    Everything runs in the calling process (`profile_local` measures in concurrent workers).
+    `rounds` measures every task that many times, one pass over all of them after another, and
+    keeps the median of the passes (`ROUNDS`).  Everything runs in the calling process
+    (`profile_local` measures in concurrent workers).
     """
-    _check_counts(repeats, warmup)
+    _check_counts(repeats, warmup, rounds)
     kind = device_kind or device_kind_of(device)
     report = ProfileReport(kind)
     t0 = time.perf_counter()
     work = _new_work(graph, degree_choices, kind, cache, report, max_tasks)
     overhead = engine_overhead(device) if work else (0.0, 0.0)
     report.engine_overhead = overhead[0]
+    passes: list[list[tuple[float, float]]] = [[] for _ in work]
+    failed: dict[int, str] = {}
+    for r in range(rounds):
+        for n, (key, op, degrees) in enumerate(work):
+            if progress is not None:
+                progress(r * len(work) + n, rounds * len(work), op.name)
+            if n in failed:
+                continue
+            try:
+                passes[n].append(measure_task(graph, op, degrees, device, repeats=repeats, warmup=warmup,
+                                              forward_task=forward_task, module=module, budget=budget,
+                                              overhead=overhead))
+            except Exception as e:  # an op the kernels cannot run yet; keep going, report it
+                failed[n] = f"{type(e).__name__}: {e}"
     for n, (key, op, degrees) in enumerate(work):
-        if progress is not None:
-            progress(n, len(work), op.name)
-        try:
-            fwd, bwd = measure_task(graph, op, degrees, device, repeats=repeats, warmup=warmup,
-                                    forward_task=forward_task, module=module, budget=budget, overhead=overhead)
-        except Exception as e:  # an op the kernels cannot run yet; keep going, report it
-            report.skipped.append((op.name, degrees, f"{type(e).__name__}: {e}"))
+        if n in failed:
+            report.skipped.append((op.name, degrees, failed[n]))
             continue
+        fwd, bwd = _median_pass(passes[n])
         cache.put(key, fwd, bwd)
         report.measured.append(ProfileRecord(key, op.name, degrees, fwd, bwd))
     if progress is not None:
-        progress(len(work), len(work), "")
+        progress(rounds * len(work), rounds * len(work), "")
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def _median_pass(passes: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """The median forward and backward time over the passes of one task."""
+    return statistics.median(f for f, _ in passes), statistics.median(b for _, b in passes)
 
 
 # -- concurrent workers (profile_local on the CPU) -------------------------------------------------
@@ -569,7 +595,7 @@ def _profile_worker(rank: int, model: str, options: dict[str, object], kind: str
 def _profile_concurrent(model: str, options: Mapping[str, object], graph: OperatorGraph,
                         choices: list[tuple[str, tuple[int, ...]]], cache: ProfileCache, kind: str, workers: int, *,
                         repeats: int, warmup: int, budget: float | None, max_tasks: int | None,
-                        progress: Callable[[int, int, str], None] | None) -> ProfileReport:
+                        progress: Callable[[int, int, str], None] | None, rounds: int = 1) -> ProfileReport:
     """`profile_ops` for `profile_local` on the CPU, measured by `workers` processes at once (module doc).
 
     The parent finds the new keys on its own import of the model, starts the workers from a fork
@@ -592,7 +618,7 @@ def _profile_concurrent(model: str, options: Mapping[str, object], graph: Operat
     ctx.set_forkserver_preload(["torch"])
     barrier = ctx.Barrier(workers)
     results = ctx.Queue()
-    items = [(key, op.name, degrees) for key, op, degrees in work]
+    items = [(key, op.name, degrees) for key, op, degrees in work] * rounds   # `rounds` passes, one after another
     procs = [ctx.Process(target=_profile_worker, name=f"autopar-profile{r}", daemon=True,
                          args=(r, model, dict(options), kind, items, repeats, warmup, budget, barrier, results))
              for r in range(workers)]
@@ -621,15 +647,24 @@ def _profile_concurrent(model: str, options: Mapping[str, object], graph: Operat
             p.start()
         fixed = [m[3] for m in collect("overhead", -1)]
         report.engine_overhead = statistics.median(fixed)
-        for n, (key, op, degrees) in enumerate(work):
+        passes: list[list[tuple[float, float]]] = [[] for _ in work]
+        failed: dict[int, str] = {}
+        for i in range(len(items)):
+            n = i % len(work)
+            key, op, degrees = work[n]
             if progress is not None:
-                progress(n, len(work), op.name)
-            msgs = collect("task", n)
+                progress(i, len(items), op.name)
+            msgs = collect("task", i)
             errors = sorted(m[5] for m in msgs if m[5] is not None)
             if errors:
-                report.skipped.append((op.name, degrees, errors[0]))
+                failed.setdefault(n, errors[0])
                 continue
-            fwd, bwd = statistics.median(m[3] for m in msgs), statistics.median(m[4] for m in msgs)
+            passes[n].append((statistics.median(m[3] for m in msgs), statistics.median(m[4] for m in msgs)))
+        for n, (key, op, degrees) in enumerate(work):
+            if n in failed:
+                report.skipped.append((op.name, degrees, failed[n]))
+                continue
+            fwd, bwd = _median_pass(passes[n])
             cache.put(key, fwd, bwd)
             report.measured.append(ProfileRecord(key, op.name, degrees, fwd, bwd))
         for p in procs:
@@ -645,7 +680,7 @@ def _profile_concurrent(model: str, options: Mapping[str, object], graph: Operat
                         p.join()
         results.close()
     if progress is not None:
-        progress(len(work), len(work), "")
+        progress(len(items), len(items), "")
     report.seconds = time.perf_counter() - t0
     return report
 
@@ -654,7 +689,7 @@ def profile_local(models: Sequence[str], *, workers: int = 2, options: Mapping[s
                   cache: ProfileCache | None = None, repeats: int = 10, warmup: int = 3, budget: float | None = 2.0,
                   max_tasks: int | None = None, device: torch.device | None = None,
                   progress: Callable[[str, int, int, str], None] | None = None,
-                  concurrent: bool | None = None) -> ProfileReport:
+                  concurrent: bool | None = None, rounds: int = ROUNDS) -> ProfileReport:
     """`autopar profile`: measure what a plan for the ``local:<workers>`` preset can use.
 
     For every model (a zoo name or ``package.module:factory``, built with `options` — use the
@@ -670,14 +705,16 @@ def profile_local(models: Sequence[str], *, workers: int = 2, options: Mapping[s
     with this process's ``sys.path``.  ``concurrent=False`` measures in this process.  The cache
     (default: `ProfileCache.load()` of the default path) is saved after each model, so an
     interrupted run keeps what it measured.  `max_tasks` caps the new keys measured over all
-    models.  `progress(model, i, n, op)` is called per task, in this process.
+    models.  `progress(model, i, n, op)` is called per task and pass, in this process.  Every task
+    is measured in `rounds` passes over all of them, and the median of the passes is kept
+    (`ROUNDS`).
     """
     from ..hardware.presets import get_preset
     from ..ir.fx_import import import_spec
     from ..ir.strategy import degree_choices
     from ..zoo import load_model
 
-    _check_counts(repeats, warmup)
+    _check_counts(repeats, warmup, rounds)
     device = device if device is not None else torch.device("cpu")
     if concurrent is None:
         concurrent = device.type == "cpu" and workers > 1
@@ -699,10 +736,11 @@ def profile_local(models: Sequence[str], *, workers: int = 2, options: Mapping[s
             if concurrent:
                 report = _profile_concurrent(name, options or {}, graph, choices, cache, kind, workers,
                                              repeats=repeats, warmup=warmup, budget=budget, max_tasks=left,
-                                             progress=step)
+                                             progress=step, rounds=rounds)
             else:
                 report = profile_ops(graph, choices, device, cache, repeats=repeats, warmup=warmup, device_kind=kind,
-                                     module=spec.module.to(device), budget=budget, max_tasks=left, progress=step)
+                                     module=spec.module.to(device), budget=budget, max_tasks=left, progress=step,
+                                     rounds=rounds)
             total = total.merge(report)
             cache.save()
     finally:

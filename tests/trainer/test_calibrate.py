@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 
 from autopar.planner.cost import Curve, ProfileCache
-from autopar.planner.cost.calibration import RuntimeCalibration
-from autopar.planner.cost.calibration import STAGING_PARTS
+from autopar.planner.cost.calibration import STAGING_PARTS, RuntimeCalibration
 from autopar.trainer.calibrate import (IN_SITU_BATCHES, QUICK_SIZES, calibrate, fit_intercept, fit_optimizer,
                                       message_latencies, message_serial, staging_curves)
 

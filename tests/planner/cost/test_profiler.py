@@ -8,8 +8,9 @@ import torch.nn.functional as F
 
 from autopar.planner.cost.model import CostModel, graph_input_shapes
 from autopar.planner.cost.profile_cache import ProfileCache, task_key
-from autopar.planner.cost.profiler import (EVICT_CAP_BYTES, L2_FALLBACK_BYTES, cache_evictor, device_kind_of,
-                                           engine_overhead, l2_cache_bytes, measure_task, profile_local, profile_ops)
+from autopar.planner.cost.profiler import (EVICT_CAP_BYTES, L2_FALLBACK_BYTES, ROUNDS, cache_evictor,
+                                           device_kind_of, engine_overhead, l2_cache_bytes, measure_task,
+                                           profile_local, profile_ops)
 from autopar.planner.errors import CostModelError
 from autopar.planner.hardware.topology import Device
 from autopar.planner.ir.graph import WHOLE, DimKind, Op, OperatorGraph, ParamSpec, ParDim, TensorRef, TensorSpec, same
@@ -281,9 +282,38 @@ def test_concurrent_profiling_fills_the_same_keys_as_in_process(tmp_path):
         assert rec.forward > 0 and rec.backward >= 0
         assert conc.get(rec.key) == (rec.forward, rec.backward)
     assert any(rec.backward > 0 for rec in report.measured)
-    n = len(report.measured)
+    n = len(report.measured) * ROUNDS            # every task in each pass
     assert calls[0][:3] == ("lenet", 0, n) and calls[-1] == ("lenet", n, n, "")
     assert [c[1] for c in calls] == list(range(n + 1))
+
+
+def test_each_task_keeps_its_median_pass(monkeypatch):
+    """`rounds` passes over all tasks, one after another; a task keeps the median of its passes'
+    forward and backward times; a task that fails in a pass is skipped with the reason (and not
+    measured again)."""
+    from autopar.planner.cost import profiler
+    from autopar.planner.ir.fx_import import import_spec
+    from autopar.planner.zoo import get_model
+    g = import_spec(get_model("lenet", batch=2))
+    flaky = g.ops[-1].name
+    calls = []
+    per_pass = [(3e-3, 6e-3), (1e-3, 2e-3), (2e-3, 1e-3)]
+
+    def fake(graph, op, degrees, device, **kw):
+        calls.append(op.name)
+        k = calls.count(op.name) - 1
+        if op.name == flaky and k == 1:
+            raise RuntimeError("flaky kernel")
+        return per_pass[k]
+    monkeypatch.setattr(profiler, "measure_task", fake)
+    report = profiler.profile_ops(g, None, torch.device("cpu"), ProfileCache(), rounds=3, device_kind="CPU-core")
+    names = [rec.op for rec in report.measured]
+    assert report.skipped == [(flaky, report.skipped[0][1], "RuntimeError: flaky kernel")]
+    per = len(names) + 1
+    assert calls[:per] == calls[per:2 * per] and calls[2 * per:] == calls[:per - 1]   # pass after pass
+    assert names and all((rec.forward, rec.backward) == (2e-3, 2e-3) for rec in report.measured)
+    with pytest.raises(CostModelError, match="rounds >= 1"):
+        profiler.profile_ops(g, None, torch.device("cpu"), ProfileCache(), rounds=0)
 
 
 def test_a_failing_worker_stops_a_concurrent_run():
