@@ -19,7 +19,9 @@ What the trainer does, and how it is modelled:
   has finished and both ranks have reached op i (gloo's send meets its receive).  Gradients go
   back the same way at op i's place in the backward pass (`GI` issue, `GW` wait).  Only tensors
   whose producer needs a gradient send one back, as in the trainer.  A message lasts the
-  calibrated point-to-point time for its bytes plus the exchange overhead.
+  calibrated point-to-point time for its bytes plus the exchange overhead.  Its sender packs it
+  and its receiver places it on their own devices (`_stage`, the calibrated staging), each
+  program waiting for its part.
 * **Overheads.**  Each forward and backward task costs the calibrated per-task overhead on top
   of its kernel time (`planner.cost.calibration`).
 * **Gradient synchronization** in buckets (`planner.sim.buckets`, the trainer's own plan): a
@@ -301,11 +303,11 @@ def _stage(b, tasks: list, edges: list, key: tuple, first: tuple, last: tuple, n
            send_part: int, src: int, src_after: tuple, src_next: tuple, recv_part: int, dst: int,
            dst_next: tuple) -> None:
     """The sender's and the receiver's staging of one message on their own cores (the calibrated
-    ``staging`` per byte, `RuntimeCalibration.staging_time`): the sender cuts and packs it before
+    ``staging`` curves, `RuntimeCalibration.staging_time`): the sender cuts and packs it before
     the message leaves, once it has what it sends and has reached the exchange (`src_after`), and
-    its program goes on only after (`src_next`); the receiver places it
-    (or adds a gradient into its accumulator) after it arrives and before what needs it
-    (`dst_next`).  Nothing is added where the calibration has no staging cost."""
+    its program goes on only after (`src_next`); the receiver places it (or adds a gradient into
+    its accumulator) after it arrives and before what needs it (`dst_next`).  Nothing is added
+    where the calibration has no staging cost."""
     rt: RuntimeCalibration = b.runtime
     pack, place = rt.staging_time(send_part, nbytes), rt.staging_time(recv_part, nbytes)
     if pack > 0:
