@@ -99,8 +99,8 @@ is: run it when nothing else competes for the cores.  `calibrate(world)` measure
    runtime's four staging functions are timed too: cutting and packing a forward message
    (`trainer.redistribute.forward_sends`), placing the received pieces into the consumer's input
    (`forward_inputs`), packing a gradient (`backward_sends`) and adding a received gradient into
-   its producer's accumulator (`backward_accumulate`).  Seconds per call against bytes per call, one monotone curve each.
-   On this machine, for 1 KiB and 1 MiB: 4 and 13 us to send forward, 45 and 550 us to place,
+   its producer's accumulator (`backward_accumulate`).  Seconds per call against bytes per call,
+   one monotone curve each.  On this machine, for 1 KiB and 1 MiB: 4 and 13 us to send forward, 45 and 550 us to place,
    23 and 196 us to send a gradient, 62 and 392 us to add one.  Stage 4 timed the same functions
    on messages of a few hundred bytes, between ranks taking turns, at 15-20 us per call; the
    simulator charges that to a message's latency and the staging to the ranks' cores, so a
@@ -812,9 +812,10 @@ def _in_situ_rank(rank: int, world: int, cfg: "Settings") -> dict[int, dict[str,
 
 def staging_curves(per_rank: list[dict[int, dict[str, list]]]) -> tuple[tuple[Curve, ...], dict]:
     """One `Curve` per `STAGING_PARTS` part from `_in_situ_rank`'s results: seconds per call (the
-    median over steps, the mean over ranks) at each batch's bytes per call, made monotone.  A call stages one message here (every
-    op of the chain exchanges with the one other rank), and a smaller message costs what the
-    smallest measured one does: placing 1 KiB took 45 us, most of it fixed."""
+    median over steps, the mean over ranks) at each batch's bytes per call, made monotone.  A call
+    stages one message here (every op of the chain exchanges with the one other rank), and a
+    smaller message costs what the smallest measured one does: placing 1 KiB took 45 us, most of
+    it fixed."""
     curves, details = [], {}
     for part, name in enumerate(STAGING_PARTS):
         points = []
