@@ -131,9 +131,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from autopar.planner.cost import Curve, RuntimeCalibration, default_calibration
-from autopar.planner.cost.calibration import (FORWARD_RECEIVE, FORWARD_SEND, GRADIENT_RECEIVE, GRADIENT_SEND,
-                                              STAGING_PARTS)
+from autopar.planner.cost import STAGING_PARTS, Curve, RuntimeCalibration, default_calibration
 
 from .launch import run_local
 
@@ -738,10 +736,10 @@ IN_SITU_BATCHES = (2, IN_SITU_BATCH, 128, 512, 2048)
 #: The functions of `trainer.redistribute` the runtime stages messages with, by `STAGING_PARTS`
 #: index, and how the bytes of one call are counted: (args, result) -> bytes.
 _STAGING_FUNCTIONS = (
-    ("forward_sends", FORWARD_SEND, lambda a, out: _nbytes(out.values())),
-    ("forward_inputs", FORWARD_RECEIVE, lambda a, out: _nbytes(a[2].values())),
-    ("backward_sends", GRADIENT_SEND, lambda a, out: _nbytes(out.values())),
-    ("backward_accumulate", GRADIENT_RECEIVE, lambda a, out: _nbytes(a[1].values())),
+    ("forward_sends", STAGING_PARTS.index("forward_send"), lambda a, out: _nbytes(out.values())),
+    ("forward_inputs", STAGING_PARTS.index("forward_receive"), lambda a, out: _nbytes(a[2].values())),
+    ("backward_sends", STAGING_PARTS.index("gradient_send"), lambda a, out: _nbytes(out.values())),
+    ("backward_accumulate", STAGING_PARTS.index("gradient_receive"), lambda a, out: _nbytes(a[1].values())),
 )
 
 
