@@ -493,7 +493,7 @@ def _optimizer_in_steps(rank: int, world: int, cfg: Settings) -> dict[str, list[
                 tr.optimizer_step()
                 if s >= 2:
                     times.append(tr.runtime.phases["optimizer step"])
-            out.setdefault(name, []).append((len(mine), float(sum(t.numel() * t.element_size() for t in mine)),
+            out.setdefault(name, []).append((len(mine), float(_nbytes(mine)),
                                              statistics.median(times)))
             del tr, mine
     return out

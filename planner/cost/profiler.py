@@ -512,22 +512,25 @@ def profile_ops(graph: OperatorGraph, degree_choices: Iterable[tuple[str, Sequen
                                               overhead=overhead))
             except Exception as e:  # an op the kernels cannot run yet; keep going, report it
                 failed[n] = f"{type(e).__name__}: {e}"
-    for n, (key, op, degrees) in enumerate(work):
-        if n in failed:
-            report.skipped.append((op.name, degrees, failed[n]))
-            continue
-        fwd, bwd = _median_pass(passes[n])
-        cache.put(key, fwd, bwd)
-        report.measured.append(ProfileRecord(key, op.name, degrees, fwd, bwd))
+    _store_passes(work, passes, failed, cache, report)
     if progress is not None:
         progress(rounds * len(work), rounds * len(work), "")
     report.seconds = time.perf_counter() - t0
     return report
 
 
-def _median_pass(passes: Sequence[tuple[float, float]]) -> tuple[float, float]:
-    """The median forward and backward time over the passes of one task."""
-    return statistics.median(f for f, _ in passes), statistics.median(b for _, b in passes)
+def _store_passes(work: list, passes: list[list[tuple[float, float]]], failed: Mapping[int, str],
+                  cache: ProfileCache, report: ProfileReport) -> None:
+    """Store each task's median pass (forward and backward apart) in `cache` and `report`; a task
+    that failed in a pass is reported skipped with its error instead."""
+    for n, (key, op, degrees) in enumerate(work):
+        if n in failed:
+            report.skipped.append((op.name, degrees, failed[n]))
+            continue
+        fwd = statistics.median(f for f, _ in passes[n])
+        bwd = statistics.median(b for _, b in passes[n])
+        cache.put(key, fwd, bwd)
+        report.measured.append(ProfileRecord(key, op.name, degrees, fwd, bwd))
 
 
 # -- concurrent workers (profile_local on the CPU) -------------------------------------------------
@@ -660,13 +663,7 @@ def _profile_concurrent(model: str, options: Mapping[str, object], graph: Operat
                 failed.setdefault(n, errors[0])
                 continue
             passes[n].append((statistics.median(m[3] for m in msgs), statistics.median(m[4] for m in msgs)))
-        for n, (key, op, degrees) in enumerate(work):
-            if n in failed:
-                report.skipped.append((op.name, degrees, failed[n]))
-                continue
-            fwd, bwd = _median_pass(passes[n])
-            cache.put(key, fwd, bwd)
-            report.measured.append(ProfileRecord(key, op.name, degrees, fwd, bwd))
+        _store_passes(work, passes, failed, cache, report)
         for p in procs:
             p.join()
     finally:
