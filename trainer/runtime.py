@@ -27,6 +27,7 @@ communication is issued in one global order; process groups are created up front
 from __future__ import annotations
 
 import time
+import weakref
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Mapping
@@ -108,6 +109,13 @@ class _Accumulators(dict):
         return accs
 
 
+def _accumulated(sync: "weakref.ref[GradSync]", param: str) -> None:
+    """A shard's gradient hook: tell the runtime's sync, while the runtime lives."""
+    live = sync()
+    if live is not None:
+        live.accumulated(param)
+
+
 class Runtime:
     """One rank's share of a plan: its tasks, its parameter shards and its communication."""
 
@@ -142,9 +150,14 @@ class Runtime:
             dist.barrier()
         self.views = self._views(fuse)
         self.sync = GradSync(rank, self.buckets, groups, self.shards, self._expected_calls())
+        # The hooks reach the sync through a weak reference: a hook holding it (or the runtime) would
+        # make a cycle through the shards' tensors that the garbage collector cannot see, keeping
+        # the runtime and its process groups alive into interpreter shutdown, where gloo's worker
+        # threads, freeing their last tensors, abort the process (a rank "succeeded" with SIGABRT).
+        sync = weakref.ref(self.sync)
         for name, shard in self.shards.items():
             if shard.tensor.requires_grad:
-                shard.tensor.register_post_accumulate_grad_hook(lambda _t, n=name: self.sync.accumulated(n))
+                shard.tensor.register_post_accumulate_grad_hook(lambda _t, n=name: _accumulated(sync, n))
         self._pending: list = []
         #: Label the step's phases for torch.profiler (`trainer.trace`); off, they cost nothing.
         self.annotate = False

@@ -260,7 +260,9 @@ class _Pod:
             raise PodRunError(f"pod {self.name}: container {container['name']} runs {argv[0]!r}; this runner "
                               f"plays {sorted(programs)}")
         argv = programs[argv[0]] + argv[1:]
-        base = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1"}
+        # PYTHONFAULTHANDLER: a process that dies of a signal (an abort in C++) leaves its threads' stacks
+        base = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1",
+                "PYTHONFAULTHANDLER": "1"}
         env = {**base, **env}
         if kubeconfig_path is not None:
             env["KUBECONFIG"] = str(kubeconfig_path)
@@ -395,6 +397,10 @@ class _Pod:
             status["message"] = message
         self.runner.client.patch(f"/api/v1/namespaces/{self.runner.namespace}/pods/{self.name}/status",
                                  {"status": status})
+
+
+#: A log line that says why a process died: a C++ abort, a fatal Python error, the exception raised.
+_CAUSE = re.compile(r"terminate called|Fatal Python error|^\w+(\.\w+)*(Error|Exception): ")
 
 
 def _expand(text: str, env: dict[str, str]) -> str:
@@ -554,6 +560,22 @@ class PodRunner:
             text = log.read_text(errors="replace").splitlines()[-lines:]
             out.append(f"--- {log.parent.name}/{log.name} ---\n" + "\n".join(text))
         return "\n".join(out)
+
+    def why_failed(self, prefix: str = "") -> str:
+        """One line per failed pod named `prefix`…: its exit codes and the first line of its logs that
+        says why (an abort, a Python error), for an assertion message a truncated CI log still shows."""
+        out = []
+        for f in self.done:
+            if f.phase != "Failed" or not f.name.startswith(prefix):
+                continue
+            cause = ""
+            for log in sorted((self.workdir / f"{f.name}-{f.uid[:8]}").glob("*.log")):
+                lines = log.read_text(errors="replace").splitlines()
+                cause = next((ln.strip() for ln in lines if _CAUSE.search(ln)), "")
+                if cause:
+                    break
+            out.append(f"{f.name} exited {f.exit_codes}: {cause or 'no error line in its logs'}")
+        return "; ".join(out) or "no pod failed"
 
     def status_ip(self, uid: str) -> str:
         """The address a pod's status shows: one per pod, as a CNI would give (an Endpoints object

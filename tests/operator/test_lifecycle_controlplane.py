@@ -92,7 +92,8 @@ def test_create_plan_train_succeed_delete(controlplane, namespace, pool, claim, 
     assert types["Succeeded"]["status"] == "True" and types["Succeeded"]["reason"] == "Completed"
 
     ranks = {p.name: p for p in runner.done}
-    assert {f.phase for f in runner.done if f.name.startswith("lenet-trainer")} == {"Succeeded"}
+    assert {f.phase for f in runner.done if f.name.startswith("lenet-trainer")} == {"Succeeded"}, \
+        runner.why_failed("lenet-trainer")
     assert any(f.name.startswith("lenet-planner") and f.phase == "Succeeded" for f in runner.done), ranks
     (summary,) = summaries(runner, "lenet-trainer-0")
     assert summary["nproc"] == 2 and len(summary["losses"]) == 600
