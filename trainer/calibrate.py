@@ -90,10 +90,11 @@ is: run it when nothing else competes for the cores.  `calibrate(world)` measure
    microbenchmark's median curve, shifted to meet it.  The same steps give the staging (8.).
 
 7. **Messages of one exchange** (``message_serial_s``, `message_serial`): ranks 0 and 1 compute
-   for 0.3 ms, then exchange one message each way, or two, in one `exchange_many` call, hundreds
-   of times.  Gloo moves a pair's messages one after another: on this machine two each way took
-   1.5-1.75 ms on average against 1.0 ms for one (and an RNN's model-parallel steps showed the
-   same, 1.45 against 0.93 ms).  Half the difference is the serial turn of one message.
+   for 1 ms, then exchange one message each way, or two, in one `exchange_many` call, 600 times
+   each, the two cases alternating.  Gloo moves a pair's messages one after another: an RNN's
+   model-parallel steps waited 1.45 ms on average for calls of two messages each way against
+   0.93 ms for one.  Half the difference is the serial turn of one message (here 0.14-0.18 ms;
+   the RNN's steps say 0.26 ms).
 
 8. **Staging** (``staging``, `staging_curves`): in the in-situ chain's steps of stage 6, the
    runtime's four staging functions are timed too: cutting and packing a forward message
@@ -161,7 +162,7 @@ class Settings:
     optimizer_cases: tuple[tuple[int, int], ...]   # (tensors, bytes per tensor)
     optimizer_repeats: int
     in_situ_steps: int = 30                # timed steps of the in-situ latency workload
-    batch_reps: int = 300                  # exchanges per case of the message-batch measurement
+    batch_reps: int = 600                  # exchanges per case of the message-batch measurement
 
 
 def settings(quick: bool) -> Settings:
@@ -652,8 +653,8 @@ def calibrate(world: int, *, quick: bool = False, progress: Callable[[str], None
 
 
 #: Seconds each rank computes between two exchanges of the message-batch measurement: about an
-#: op of a small model on one core (`_batch_rank`).
-BATCH_BUSY_S = 3e-4
+#: op of the zoo's small models on one core (an rnnlm cell takes 0.5-1.1 ms in steps; `_batch_rank`).
+BATCH_BUSY_S = 1e-3
 #: Floats in each message of the message-batch measurement (16 KiB, a hidden state of 16 x 256).
 BATCH_FLOATS = 4096
 
@@ -664,25 +665,29 @@ def _batch_rank(rank: int, world: int, cfg: "Settings") -> dict[int, list[tuple[
     this rank entered each call and when it returned.  Other ranks take no part."""
     from .comm import exchange_many, wait_all
 
-    out: dict[int, list[tuple[float, float]]] = {}
+    out: dict[int, list[tuple[float, float]]] = {1: [], 2: []}
     if rank > 1:
-        return out
+        return {}
     a = torch.randn(128, 128)
     peer = 1 - rank
     device = torch.device("cpu")
-    for k in (1, 2):
-        pending: list = []
-        recs = []
-        for rep in range(cfg.warmup_reps + cfg.batch_reps):
+    pending: list = []
+    # The two cases alternate, exchange by exchange: run one block after the other and the
+    # machine's speed, which drifts over seconds, differs between them.  The latencies' mean is
+    # that of a long tail (medians 0.35 ms, means 1.1-1.8 ms), so it takes many exchanges: runs
+    # back to back on this machine, computing 0.3 ms between exchanges, gave 75-452 us in blocks
+    # of 300, 29-204 us alternating 300, 85-114 us alternating 1,200; computing 1 ms and
+    # alternating 600, 139-180 us (about 5 s).
+    for rep in range(cfg.warmup_reps + cfg.batch_reps):
+        for k in (1, 2):
             _busy(BATCH_BUSY_S, a)
             sends = {(peer, m): torch.randn(BATCH_FLOATS) for m in range(k)}
             recvs = {(peer, m): (BATCH_FLOATS, torch.float32) for m in range(k)}
             t0 = time.perf_counter()
             exchange_many(sends, recvs, device, pending)
             if rep >= cfg.warmup_reps:
-                recs.append((t0, time.perf_counter()))
-        wait_all(pending)
-        out[k] = recs
+                out[k].append((t0, time.perf_counter()))
+    wait_all(pending)
     return out
 
 
