@@ -328,9 +328,7 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
             chosen = strategies(graph, topology, cost, spec.module, cfg, log)
             builder = TaskGraphBuilder(graph, topology, cost, _OPT.name)
             simulated = {name: simulate_parts(builder, s) for name, s in chosen.items()}
-            # A plan two strategies share (the search often returns data parallelism itself) is one
-            # plan: it trains once, and both rows carry that measurement, so that run-to-run noise
-            # never makes a plan look slower than itself.
+            # A plan two strategies share trains once (module docstring, 4.).
             first: dict[tuple, str] = {}
             same = {name: first.setdefault(s.configs, name) for name, s in chosen.items()}
             unique = list(dict.fromkeys(same.values()))

@@ -665,9 +665,9 @@ def _batch_rank(rank: int, world: int, cfg: "Settings") -> dict[int, list[tuple[
     this rank entered each call and when it returned.  Other ranks take no part."""
     from .comm import exchange_many, wait_all
 
-    out: dict[int, list[tuple[float, float]]] = {1: [], 2: []}
     if rank > 1:
         return {}
+    out: dict[int, list[tuple[float, float]]] = {1: [], 2: []}
     a = torch.randn(128, 128)
     peer = 1 - rank
     device = torch.device("cpu")

@@ -79,9 +79,8 @@ ForwardTask = Callable[[Op, dict, list, list], Any]
 
 #: Where Linux describes cpu0's caches (one ``index<i>`` folder per cache: level, type, size).
 CPU_CACHE_SYSFS = Path("/sys/devices/system/cpu/cpu0/cache")
-#: Passes over all tasks `profile_local` makes by default, keeping each task's median pass: the
-#: machine's speed moves from second to second (five back-to-back profiles of rnnlm, about 3 s
-#: each, summed its data-parallel ops to 51.5-64.9 ms), so one pass samples one moment of it.
+#: Passes over all tasks `profile_local` makes by default, keeping each task's median pass (step 4
+#: of the module docstring).
 ROUNDS = 3
 #: The L2 size assumed when sysfs does not tell it, and the most the eviction buffer may take.
 L2_FALLBACK_BYTES = 4 << 20
@@ -654,7 +653,7 @@ def _profile_concurrent(model: str, options: Mapping[str, object], graph: Operat
         failed: dict[int, str] = {}
         for i in range(len(items)):
             n = i % len(work)
-            key, op, degrees = work[n]
+            op = work[n][1]
             if progress is not None:
                 progress(i, len(items), op.name)
             msgs = collect("task", i)
