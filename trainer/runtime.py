@@ -232,7 +232,8 @@ class Runtime:
         One call per unfused task (its chain of fused producers included), one per batch-norm op.
         An overestimate would only delay the bucket to its planned position; it is exact by
         construction: every task maps to the call that runs its backward.  A parameter some task
-        reads a slice of is counted per task instead: each task's `_ShardUse` reports itself.
+        reads a slice of is counted per use instead (task and parameter position): each use's
+        `_ShardUse` reports itself.
         """
         g = self.graph
         call: dict[tuple[str, int], tuple[str, int]] = {}
@@ -249,9 +250,9 @@ class Runtime:
                     call[(v.op.name, t.index)] = (v.op.name, t.index)
         calls: dict[str, set] = {}
         for v in self.views.values():
-            for p in v.op.params:
+            for j, p in enumerate(v.op.params):
                 for t in v.tasks:
-                    calls.setdefault(p.name, set()).add((v.op.name, t.index) if p.name in self._sliced
+                    calls.setdefault(p.name, set()).add((v.op.name, t.index, j) if p.name in self._sliced
                                                         else call[(v.op.name, t.index)])
         return {p: len(c) for p, c in calls.items()}
 
