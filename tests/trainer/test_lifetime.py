@@ -12,25 +12,12 @@ from __future__ import annotations
 import gc
 import weakref
 
-import pytest
-import torch.distributed as dist
-
 from autopar.planner.ir.fx_import import import_spec
 from autopar.planner.ir.strategy import data_parallel
 from autopar.planner.zoo.registry import get_model
 from autopar.trainer.comm import ProcessGroups
 from autopar.trainer.session import Trainer
 from autopar.trainer.train import Job, TrainConfig
-
-
-@pytest.fixture
-def one_rank():
-    """A one-rank gloo world in this process, destroyed afterwards."""
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def test_a_trainer_dropped_after_steps_frees_its_runtime_and_process_groups(one_rank):

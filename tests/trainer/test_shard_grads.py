@@ -5,9 +5,7 @@ gradient the size of the whole shard (an rnnlm plan spent 23 ms of a 165 ms step
 
 from __future__ import annotations
 
-import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -28,15 +26,6 @@ class _Twice(nn.Module):
 
     def forward(self, x):
         return self.lin(torch.tanh(self.lin(x)))
-
-
-@pytest.fixture
-def one_rank():
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 class _Sizes(TorchDispatchMode):
