@@ -90,11 +90,13 @@ is: run it when nothing else competes for the cores.  `calibrate(world)` measure
    microbenchmark's median curve, shifted to meet it.  The same steps give the staging (8.).
 
 7. **Messages of one exchange** (``message_serial_s``, `message_serial`): ranks 0 and 1 compute
-   for 1 ms, then exchange one message each way, or two, in one `exchange_many` call, 600 times
-   each, the two cases alternating.  Gloo moves a pair's messages one after another: an RNN's
-   model-parallel steps waited 1.45 ms on average for calls of two messages each way against
-   0.93 ms for one.  Half the difference is the serial turn of one message (here 0.14-0.18 ms;
-   the RNN's steps say 0.26 ms).
+   for 1 ms, then exchange one piece each way, or two, in one `exchange_many` call, 600 times
+   each, the two cases alternating.  Half the difference is what one more piece of an exchange
+   costs.  `exchange_many` sends a pair's pieces as one message (gloo wrote a second message
+   only from its communication thread, which on busy cores waited for a scheduler tick: an
+   RNN's model-parallel steps waited 1.45 ms on average for two messages each way against 0.93
+   ms for one, and separate messages measured 0.14-0.18 ms here); so this is now the cost of the
+   piece's bytes and its packing.
 
 8. **Staging** (``staging``, `staging_curves`): in the in-situ chain's steps of stage 6, the
    runtime's four staging functions are timed too: cutting and packing a forward message
@@ -660,7 +662,7 @@ BATCH_FLOATS = 4096
 
 
 def _batch_rank(rank: int, world: int, cfg: "Settings") -> dict[int, list[tuple[float, float]]]:
-    """Ranks 0 and 1 compute for `BATCH_BUSY_S`, then exchange k messages each way in one
+    """Ranks 0 and 1 compute for `BATCH_BUSY_S`, then exchange k pieces each way in one
     `exchange_many` call (as an op with k inputs to gather does), for k = 1 and 2; per k, when
     this rank entered each call and when it returned.  Other ranks take no part."""
     from .comm import exchange_many, wait_all

@@ -17,9 +17,10 @@ keeps it beside the op times.  The simulator reads it when it models the trainer
 * **All-reduce** — seconds for an all-reduce of n bytes among r ranks, one curve per group size.
 * **Optimizer** — seconds of one ``optimizer.step()`` per parameter tensor and per parameter
   byte, for each optimizer (the trainer's ``torch.optim`` with its default foreach kernels).
-* **Messages of one exchange** (``message_serial_s``) — the backend moves the messages between a
-  pair of ranks one after another: an exchange of k messages costs about ``(k - 2) *
-  message_serial_s`` more than one message each way.  The simulator queues every message of an
+* **Messages of one exchange** (``message_serial_s``) — what each message of an exchange between
+  a pair of ranks adds beyond the first each way: an exchange of k messages costs about ``(k - 2)
+  * message_serial_s`` more than one message each way (the trainer sends a pair's messages of
+  one exchange as one buffer, so on its calibration this is their bytes and packing).  The simulator queues every message of an
   exchange on one virtual resource per (op, rank pair) for this long, after a latency of its own.
 * **Staging** (``staging``) — seconds a rank spends on its own core around one message of n
   bytes beyond what ``exchange_s`` covers for a tiny one: cutting and packing what it sends,

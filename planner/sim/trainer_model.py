@@ -216,9 +216,10 @@ def _message(b, key: tuple, route: tuple, rt: RuntimeCalibration, nbytes: float,
 
     With a calibrated ``message_serial_s`` and a `pair` (the exchange and the two ranks: every
     message of that exchange between them, either way, names the same), part of the latency is
-    paid one message after another on a virtual resource of the pair's: the backend moves a
-    pair's messages in turn, so an exchange of two messages each way waits about two of these
-    longer than one of one each way.  The parallel part is shortened by two of them, so an
+    paid one message after another on a virtual resource of the pair's: an exchange of two
+    messages each way waits about two of these longer than one of one each way (on local gloo
+    ranks the runtime sends a pair's messages of one exchange as one, and the calibration
+    measures what one more costs in bytes and packing).  The parallel part is shortened by two of them, so an
     exchange of one message each way costs what the point-to-point curve says."""
     _, res, _, labels, _ = route
     serial = rt.message_serial_s if pair is not None else 0.0
