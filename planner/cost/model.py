@@ -3,7 +3,7 @@
 Two sources, as in FlexFlow (sec. 5.1, assumption A1: an op's time depends on its sizes, not its
 data, and is measured once per size) and OptCNN (sec. 5.1, the per-layer compute cost t_c):
 
-* **profile** — a median measured by `autopar profile` (`planner.cost.profiler`) and kept in the
+* **profile** — a mean measured by `autopar profile` (`planner.cost.profiler`) and kept in the
   profile cache (`planner.cost.profile_cache`), looked up by the task's key (device product, op kind,
   shard shapes, dtype, attributes);
 * **analytic** — a roofline estimate (`AnalyticModel`) for every key the cache does not hold.

@@ -5,8 +5,8 @@ on the device and caching the result: "all future tasks with the same operation 
 size will use the cached value without rerunning the task".  OptCNN (sec. 5.1) measures each
 layer under each configuration the same way.  This module is that cache: a key names what
 decides a task's time — the device product, the op kind, the shard shapes of the task's inputs,
-outputs and parameters, the dtype and the op's attributes — and maps it to two medians in
-seconds.  `autopar profile` (`planner.cost.profiler`) fills it; `planner.cost.CostModel` reads it and
+outputs and parameters, the dtype and the op's attributes — and maps it to two times in
+seconds (forward and backward, each the mean of its timed calls).  `autopar profile` (`planner.cost.profiler`) fills it; `planner.cost.CostModel` reads it and
 falls back to its roofline model for keys it does not hold.
 
 Shard shapes come from one *representative task* of the partition grid: the task at coordinate
@@ -52,7 +52,8 @@ FORMAT_VERSION = 1
 #: its format but not its numbers: `ProfileCache.load` drops them (and says so in `notice`), and
 #: they are measured again.  2: ops profiled with the model's own parameter values in workers that
 #: keep freed memory; the optimizer timed in the trainer's steps; message latency measured in steps.
-MEASUREMENT_METHOD = 2
+#: 3: an op's time is the mean of its timed calls, no longer their median (`profiler._timed_seconds`).
+MEASUREMENT_METHOD = 3
 
 Shape = tuple[int, ...]
 

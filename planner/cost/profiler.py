@@ -1,4 +1,4 @@
-"""Measure op tasks on a local device and store the medians in the profile cache.
+"""Measure op tasks on a local device and store their times in the profile cache.
 
     autopar profile        # the CLI calls profile_local(["resnet101"], workers=4, options={...})
 
@@ -14,7 +14,8 @@ autopar: for every distinct task key (`planner.cost.profile_cache.task_key`) of 
    the model's own values (`_param_values`: random unit-variance weights would saturate an
    attention's softmax into denormal numbers that the step never sees);
 2. runs the op's task kernel (`planner.ir.kernels.forward_task`, the same code the trainer runs)
-   `warmup` times (at least once), then `repeats` timed times, and takes the median; a task so
+   `warmup` times (at least once), then `repeats` timed times, and takes the mean (a step pays
+   an op's slow calls too, and the simulator adds task times: `_timed_seconds`); a task so
    slow that the repeats would exceed `budget` seconds is repeated fewer times;
 3. times the backward pass the same way, as the trainer runs it: ``torch.autograd.backward`` of
    the outputs with a fixed random output gradient, reusing one forward graph (``retain_graph``)
@@ -28,7 +29,7 @@ autopar: for every distinct task key (`planner.cost.profile_cache.task_key`) of 
    against 3–5 µs per node) that a training step pays once per autograd call, not once per op
    of a fused chain; `engine_overhead` measures it (chains of 1 and 9 trivial nodes into a leaf
    whose ``.grad`` is preset) and it is subtracted, keeping at least one trivial node's time;
-4. stores the two medians under the device's product name.  `profile_local` makes `ROUNDS`
+4. stores the two times under the device's product name.  `profile_local` makes `ROUNDS`
    passes over all the tasks, one after another, and keeps each task's median pass: the
    machine's speed moves from second to second, and one pass of a few seconds samples one
    moment of it (five back-to-back one-pass profiles of rnnlm summed its data-parallel ops to
@@ -43,7 +44,7 @@ buffer twice the size of the core's L2 cache (read from
 in N worker processes at once (one thread each, as the `local` preset's ranks run), which measure
 the same task in lockstep — a barrier before each warm-up and before each set of timed
 repetitions — so that, as in an N-rank step, the other cores compete for memory bandwidth and the
-shared cache while one measures; the stored time is the median over the workers of their medians.
+shared cache while one measures; the stored time is the median over the workers of their means.
 The workers come from a fork server (a process that traced a model with fake tensors and ran a
 backward pass cannot be forked safely) and import the model themselves by name.  ``workers=1``,
 ``concurrent=False`` and CUDA devices measure in the calling process.
@@ -103,7 +104,7 @@ class ProfileReport:
     cached: int = 0
     skipped: list[tuple[str, tuple[int, ...], str]] = field(default_factory=list)
     seconds: float = 0.0
-    engine_overhead: float = 0.0  # seconds taken off every backward median (see module doc)
+    engine_overhead: float = 0.0  # seconds taken off every backward time (see module doc)
     remaining: int = 0  # new task keys left unmeasured because of `max_tasks`
 
     def merge(self, other: "ProfileReport") -> "ProfileReport":
@@ -231,10 +232,17 @@ def cache_evictor(device: torch.device) -> Callable[[], None] | None:
     return evict
 
 
-def _median_seconds(fn: Callable[[], Any], device: torch.device, warmup: int, repeats: int,
-                    budget: float | None = None, *, setup: Callable[[], None] | None = None,
-                    sync: Callable[[], None] | None = None) -> float:
-    """Median of `repeats` timed calls after `warmup` (at least one) untimed ones.
+def _timed_seconds(fn: Callable[[], Any], device: torch.device, warmup: int, repeats: int,
+                   budget: float | None = None, *, setup: Callable[[], None] | None = None,
+                   sync: Callable[[], None] | None = None, statistic: str = "mean") -> float:
+    """Mean (or, with ``statistic="median"``, median) of `repeats` timed calls after `warmup` (at
+    least one) untimed ones.
+
+    A task's time is the mean: a step pays every call of an op in full, its slow calls included,
+    and the simulator adds task times, so the median would leave the tail out of every sum (on
+    this machine an op's mean over its repeats is 4 % above its median for the typical op, 5-7 %
+    on average).  `profile_local` keeps the median of several passes' means, which still shuts
+    out a pass that a burst of load on the machine slowed as a whole.
 
     With a `budget` (seconds), a call so slow that `repeats` of them would exceed it is repeated
     fewer times (at least once): the spread of such calls is small next to their length.
@@ -276,7 +284,11 @@ def _median_seconds(fn: Callable[[], Any], device: torch.device, warmup: int, re
             t0 = time.perf_counter()
             fn()
             times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    if statistic == "median":
+        return statistics.median(times)
+    if statistic != "mean":
+        raise ValueError(f"statistic must be 'mean' or 'median', not {statistic!r}")
+    return statistics.fmean(times)
 
 _TORCH_DTYPES = {
     "float64": torch.float64, "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
@@ -346,7 +358,8 @@ def engine_overhead(device: torch.device, repeats: int = 50) -> tuple[float, flo
         y = x
         for _ in range(k):
             y = y * 1.5
-        return _median_seconds(lambda: torch.autograd.backward(y, g, retain_graph=True), device, 5, repeats)
+        return _timed_seconds(lambda: torch.autograd.backward(y, g, retain_graph=True), device, 5, repeats,
+                              statistic="median")
 
     one, nine = chain(1), chain(9)
     # Timer noise can make the difference tiny or negative; a node costs at least 0.1 µs.
@@ -365,11 +378,12 @@ def measure_task(graph: OperatorGraph, op: Op, degrees: tuple[int, ...], device:
                  module: nn.Module | None = None, budget: float | None = None, seed: int = 0,
                  overhead: tuple[float, float] = (0.0, 0.0), cold: bool = True,
                  sync: Callable[[], None] | None = None) -> tuple[float, float]:
-    """Median forward and backward seconds of the representative task of `op` split by `degrees`.
+    """Mean forward and backward seconds of the representative task of `op` split by `degrees`
+    (`_timed_seconds`).
 
     `module` (the model the graph was imported from) is passed on to the kernel for ops that call
     a submodule.  `overhead` is `engine_overhead(device)`: its fixed part is taken off the
-    backward median.  The backward pass accumulates into the parameters' preset ``.grad`` and
+    backward time.  The backward pass accumulates into the parameters' preset ``.grad`` and
     allocates the inputs' gradients afresh (see module doc).  `cold` evicts the CPU caches before
     every call (`cache_evictor`; nothing on other devices).  `sync` is called before each warm-up
     and each set of timed repetitions, four times at most (two when there is no backward pass).
@@ -390,7 +404,7 @@ def measure_task(graph: OperatorGraph, op: Op, degrees: tuple[int, ...], device:
             kept.add(_outputs(out))
         return out
 
-    fwd_s = _median_seconds(fwd, device, warmup, repeats, budget, setup=evict, sync=sync)
+    fwd_s = _timed_seconds(fwd, device, warmup, repeats, budget, setup=evict, sync=sync)
     outs = [o for o in _outputs(fwd()) if o.requires_grad]
     fresh = [t for t in inputs if t.requires_grad]  # leaves whose gradient the step allocates
     accumulated = [p for p in params if p.requires_grad and p.is_floating_point()]
@@ -412,7 +426,7 @@ def measure_task(graph: OperatorGraph, op: Op, degrees: tuple[int, ...], device:
         torch.autograd.backward(outs, grads, retain_graph=True)
 
     fixed, per_node = overhead
-    bwd_s = _median_seconds(bwd, device, warmup, repeats, budget, setup=before_backward, sync=sync)
+    bwd_s = _timed_seconds(bwd, device, warmup, repeats, budget, setup=before_backward, sync=sync)
     return fwd_s, max(bwd_s - fixed, per_node)
 
 
@@ -479,7 +493,7 @@ def profile_ops(graph: OperatorGraph, degree_choices: Iterable[tuple[str, Sequen
                 device_kind: str | None = None, forward_task: ForwardTask | None = None,
                 module: nn.Module | None = None, budget: float | None = 2.0, max_tasks: int | None = None,
                 progress: Callable[[int, int, str], None] | None = None, rounds: int = 1) -> ProfileReport:
-    """Measure every distinct task key of `degree_choices` the cache lacks; store the medians.
+    """Measure every distinct task key of `degree_choices` the cache lacks; store their times.
 
     `degree_choices` lists (op name, degrees) pairs; None means every op unpartitioned.  Ops
     without inputs (graph inputs, constants) are not measured.  An op whose kernel fails is skipped
@@ -601,7 +615,7 @@ def _profile_concurrent(model: str, options: Mapping[str, object], graph: Operat
     """`profile_ops` for `profile_local` on the CPU, measured by `workers` processes at once (module doc).
 
     The parent finds the new keys on its own import of the model, starts the workers from a fork
-    server, reports progress, stores each key's median over the workers' medians, and stops the
+    server, reports progress, stores each key's median over the workers' means, and stops the
     workers (raising `CostModelError`) if one of them dies.
     """
     report = ProfileReport(kind)

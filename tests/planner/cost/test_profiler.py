@@ -59,7 +59,7 @@ def _run(graph, choices, cache, **kw):
                        forward_task=_fake_forward_task, **kw)
 
 
-def test_profiling_fills_the_cache_with_positive_medians():
+def test_profiling_fills_the_cache_with_positive_times():
     g = _tiny_graph()
     cache = ProfileCache()
     choices = [("fc", (1, 1)), ("fc", (2, 1)), ("fc", (1, 3)), ("relu1", (2, 2)), ("loss", (4,))]
@@ -147,7 +147,7 @@ def test_cpu_measurements_are_stored_under_the_local_presets_product():
     assert device_kind_of(CPU) == get_preset("local:2").devices[0].product
 
 
-def test_engine_overhead_is_taken_off_the_backward_median():
+def test_engine_overhead_is_taken_off_the_backward_time():
     g = _tiny_graph()
     fixed, per_node = engine_overhead(CPU, repeats=5)
     assert fixed >= 0 and per_node >= 0
@@ -368,3 +368,22 @@ def test_a_task_is_profiled_with_the_models_own_parameter_values():
     noise = _param_values(op.params[0], (3, 8, 16), None, torch.Generator().manual_seed(0))
     assert noise.shape == (3, 8, 16) and 0.1 < float(noise.std()) * 16 ** 0.5 < 10
     assert isinstance(spec.module, nn.Module)
+
+
+def test_a_task_time_is_the_mean_of_its_calls_slow_ones_included(monkeypatch):
+    """A step pays an op's slow calls too, and the simulator adds task times: the profile keeps the
+    mean of the timed calls, not their median (the engine start-up, a fixed cost taken off every
+    backward time, keeps the median)."""
+    from autopar.planner.cost import profiler
+    clock = [0.0]
+    monkeypatch.setattr(profiler.time, "perf_counter", lambda: clock[0])
+    durations = iter([5e-3] + [1e-3, 1e-3, 1e-3, 9e-3])      # one warm-up, then four timed calls
+
+    def call():
+        clock[0] += next(durations)
+    assert profiler._timed_seconds(call, CPU, warmup=1, repeats=4) == pytest.approx(3e-3)
+    durations = iter([5e-3] + [1e-3, 1e-3, 1e-3, 9e-3])
+    assert profiler._timed_seconds(call, CPU, warmup=1, repeats=4, statistic="median") == pytest.approx(1e-3)
+    with pytest.raises(ValueError, match="mean.*median"):
+        durations = iter([1e-3] * 3)
+        profiler._timed_seconds(call, CPU, warmup=1, repeats=2, statistic="p90")
