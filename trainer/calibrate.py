@@ -768,9 +768,9 @@ def _in_situ_rank(rank: int, world: int, cfg: "Settings") -> dict[int, dict[str,
     calls: list[tuple[float, float, int]] = []
     acc = [[0.0, 0, 0] for _ in STAGING_PARTS]
 
-    def exchange(sends, recvs, device, pending):
+    def exchange(sends, recvs, device, pending, ahead=None):
         t0 = time.perf_counter()
-        got = inner["exchange_many"](sends, recvs, device, pending)
+        got = inner["exchange_many"](sends, recvs, device, pending, ahead)
         calls.append((t0, time.perf_counter(), _nbytes(got.values())))
         return got
 

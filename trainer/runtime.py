@@ -38,7 +38,7 @@ import torch.distributed as dist
 from autopar.planner.ir import Op, OperatorGraph, Strategy, translate
 
 from . import batchnorm
-from .comm import ProcessGroups, exchange_many, wait_all
+from .comm import ProcessGroups, RecvAhead, exchange_many, wait_all
 from .plan import ExecutionPlan, TaskInfo
 from .redistribute import (GradAccumulator, RouteView, backward_accumulate, backward_sends, forward_inputs,
                            forward_sends, shape_of)
@@ -191,6 +191,10 @@ class Runtime:
             if shard.tensor.requires_grad and name not in self._sliced:
                 shard.tensor.register_post_accumulate_grad_hook(lambda _t, n=name: _accumulated(sync, n))
         self._pending: list = []
+        #: gloo's receives are posted ahead of the exchanges that wait for them (`RecvAhead`); NCCL
+        #: runs a receive on a stream until its send arrives, so there they go with their exchange.
+        self._ahead = (RecvAhead(self.device) if world_size > 1 and dist.is_initialized()
+                       and dist.get_backend() == "gloo" else None)
         #: Label the step's phases for torch.profiler (`trainer.trace`); off, they cost nothing.
         self.annotate = False
         #: Wall seconds of the current step by phase (`PHASES`), what `autopar bench accuracy`
@@ -306,12 +310,16 @@ class Runtime:
         The shards' gradients are this batch's (set, not accumulated across calls).  `step` (default:
         the number of steps this runtime has run) seeds the random ops with `seed`."""
         self.phases = dict.fromkeys(PHASES, 0.0)
+        if self._ahead is not None:
+            self._ahead.begin_step()
         self.sync.zero_grad()
         step = self.steps_run if step is None else step
         self.steps_run = step + 1
         acts, leaves = self._forward(data, step)
         loss = self._local_loss(acts)
         self._backward(acts, leaves)
+        if self._ahead is not None:
+            self._ahead.end_step()
         with self.span("sync"):
             self.sync.finish()
             wait_all(self._pending)
@@ -340,7 +348,7 @@ class Runtime:
                     if not rv.idle:
                         sends.update({(d, rv.j): t for d, t in forward_sends(rv, acts).items()})
                         recvs.update({(s, rv.j): (n, dtype) for s, n in rv.recv_sizes.items()})
-                got = exchange_many(sends, recvs, self.device, self._pending)
+                got = exchange_many(sends, recvs, self.device, self._pending, self._ahead)
                 for rv, dtype in zip(v.routes, v.dtypes):
                     if not rv.idle:
                         mine = {s: got[(s, rv.j)] for s in rv.recv_sizes}
@@ -414,7 +422,7 @@ class Runtime:
             for rv, dtype in moving:
                 sends.update({(d, rv.j): t for d, t in backward_sends(rv, input_grads, accs, dtype, self.device).items()})
                 recvs.update({(d, rv.j): (n, dtype) for d, n in rv.send_sizes.items()})
-            got = exchange_many(sends, recvs, self.device, self._pending)
+            got = exchange_many(sends, recvs, self.device, self._pending, self._ahead)
             for rv, _ in moving:
                 backward_accumulate(rv, {d: got[(d, rv.j)] for d in rv.send_sizes}, accs)
         for t in v.tasks:
