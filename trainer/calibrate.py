@@ -20,7 +20,8 @@ is: run it when nothing else competes for the cores.  `calibrate(world)` measure
    before it waits for the send, as a rank does in a real step.  That matters: between idle ranks
    a small message takes 120-190 us, but with the sender computing, gloo's progress on the
    sender side competes with the compute for the core and the receiver's wait gets a heavy tail
-   (median 150-250 us, 90th percentile 1-7 ms) — a real step's exchanges average about 0.8 ms.
+   (median 150-250 us, 90th percentile 1-7 ms) — a real step's exchanges averaged about 0.8 ms
+   before the runtime posted its receives ahead (`trainer.comm.RecvAhead`), 0.3-1.4 ms since.
    The curve is fitted (`Curve.fit`) to the **mean** wait of many repetitions (120 per size);
    the median curve and the 90th percentiles are kept in ``details``.  With two or more ranks,
    stage 6 replaces it: up to 1 MiB by the mean latencies measured on real steps' messages of
@@ -86,7 +87,8 @@ is: run it when nothing else competes for the cores.  `calibrate(world)` measure
    and every exchange call of both ranks is timestamped; a message's latency runs from the
    moment the last rank enters the exchange to the moment the receiver's call returns
    (`message_latencies`).  The mean at each size is a point of the point-to-point curve (on this
-   machine 0.65 ms at 1 KiB, 0.85-0.95 ms at 16-256 KiB, 1.2 ms at 1 MiB); beyond 1 MiB the
+   machine, with the receives posted ahead, 0.27 ms at 1 KiB, 0.35 ms at 16 KiB, 0.66 ms at 64 KiB,
+   1.1 ms at 256 KiB and 1.4 ms at 1 MiB; 0.65-1.2 ms before); beyond 1 MiB the
    microbenchmark's median curve, shifted to meet it.  The same steps give the staging (8.).
 
 7. **Messages of one exchange** (``message_serial_s``, `message_serial`): ranks 0 and 1 compute
@@ -875,7 +877,7 @@ def fit_exchange_latency(cal: RuntimeCalibration, world: int, cfg: "Settings",
 
     The microbenchmark times one message at a time; inside a step, messages leave ranks that are
     busy with other ops, and their threads wait for a core on a loaded machine (on this machine a
-    message between idle ranks takes 120-190 us, one inside a step about 1 ms, with a heavy tail).
+    message between idle ranks takes 120-190 us, one inside a step 0.3-1.4 ms, with a heavy tail).
     So the trainer runs a model-parallel chain (`in_situ_job`, `_in_situ_rank`: the ranks'
     results are `in_situ`) at several batch sizes, and every message's latency is measured where
     it happens (`message_latencies`: from the moment both ranks are in the exchange to the moment

@@ -6,7 +6,8 @@ the first step: `dist.new_group` is itself a collective over the world, so creat
 inside a step would let ranks that take different branches deadlock.  Point-to-point messages of
 one exchange are issued together with `dist.batch_isend_irecv` (gloo on CPU, NCCL on GPU — the
 NCCL path groups them into one ncclGroupStart/End; it is written for CUDA but untested on this
-machine, which has no GPU).
+machine, which has no GPU).  On gloo the runtime posts a step's receives ahead of its exchanges
+(`RecvAhead`), and an exchange sends only.
 """
 
 from __future__ import annotations
