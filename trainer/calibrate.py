@@ -26,7 +26,8 @@ is: run it when nothing else competes for the cores.  `calibrate(world)` measure
    the median curve and the 90th percentiles are kept in ``details``.  With two or more ranks,
    stage 6 replaces it: up to 1 MiB by the mean latencies measured on real steps' messages of
    five sizes, beyond by the *median* curve shifted to meet them (the tail belongs to the
-   latency, not to the bytes).
+   latency, not to the bytes).  The median curve less its 4-byte point is the ``wire`` curve:
+   how long the bytes hold the link; the simulator queues only that part of a message on it.
 2. **All-reduce** (`RuntimeCalibration.allreduce`): for every group size r in 2..world (the
    ranks 0..r-1; every rank creates every group, in the same order, before the first
    measurement), the same sizes, ``dist.all_reduce`` of a float32 tensor.  Each member times its
@@ -579,6 +580,8 @@ def calibrate(world: int, *, quick: bool = False, progress: Callable[[str], None
         details["p2p_stats_s"] = {str(size): st for size, st in p2p_stats.items()}
         p2p_median = Curve.fit((size, st["median"]) for size, st in p2p_stats.items())
         details["p2p_median"] = p2p_median.to_json()
+        empty = p2p_median(min(p2p_stats))
+        wire = Curve.fit((size, p2p_median(size) - empty) for size in p2p_stats)
         allreduce = []
         ar_stats = {}
         for r, by_size in sorted(comm["allreduce"].items()):
@@ -590,7 +593,7 @@ def calibrate(world: int, *, quick: bool = False, progress: Callable[[str], None
         details["allreduce_median"] = {str(r): Curve.fit((int(size), s["median"]) for size, s in st.items()).to_json()
                                        for r, st in ar_stats.items()}
     else:
-        p2p, allreduce = fallback.p2p, list(fallback.allreduce)
+        p2p, allreduce, wire = fallback.p2p, list(fallback.allreduce), fallback.wire
         not_measured += ["p2p", "allreduce"]
 
     # 3. and 5.
@@ -633,7 +636,7 @@ def calibrate(world: int, *, quick: bool = False, progress: Callable[[str], None
     cal = RuntimeCalibration(product=product, backend=BACKEND, world=world, fwd_task_s=fwd_task_s,
                              bwd_task_s=bwd_task_s, exchange_s=exchange_s, p2p=p2p, allreduce=tuple(allreduce),
                              optimizer=tuple(optimizer), comm_uses_cores=(os.cpu_count() or 1) < 2 * world,
-                             source="measured", details=())
+                             source="measured", wire=wire, details=())
 
     # 6. and 8.
     if world >= 2:

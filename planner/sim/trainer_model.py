@@ -208,11 +208,14 @@ def _message(b, key: tuple, route: tuple, rt: RuntimeCalibration, nbytes: float,
     """One message of `nbytes` over `route` (`planner.sim._plans.route_columns`): (tasks, edges,
     first key, last key).
 
-    A message is its latency, then its bytes.  The latency — the calibrated point-to-point time
-    of an empty message plus the exchange's overhead — is a delay on a virtual resource of its
-    own, so the messages of one exchange wait for it side by side, as the trainer's one
-    ``batch_isend_irecv`` per op waits once; the bytes then occupy every link of the route for
-    the rest of the calibrated time, queueing there behind other traffic.
+    A message is its latency, then its bytes.  The bytes occupy every link of the route for their
+    calibrated wire time (`RuntimeCalibration.wire_time`), queueing there behind other traffic;
+    the latency — the rest of the calibrated point-to-point time for its size, plus the
+    exchange's overhead — is a delay on a virtual resource of its own, so the messages of one
+    exchange wait it side by side, as the trainer's one exchange per op waits once.  (Before
+    the wire was calibrated apart, every byte-dependent part of the time, the tail of waiting
+    that grows with the size included, queued on the link: an attention's three 256 KiB inputs
+    took three tails one after another.)
 
     With a calibrated ``message_serial_s`` and a `pair` (the exchange and the two ranks: every
     message of that exchange between them, either way, names the same), part of the latency is
@@ -223,8 +226,9 @@ def _message(b, key: tuple, route: tuple, rt: RuntimeCalibration, nbytes: float,
     exchange of one message each way costs what the point-to-point curve says."""
     _, res, _, labels, _ = route
     serial = rt.message_serial_s if pair is not None else 0.0
-    latency = max(rt.p2p(0.0) + rt.exchange_s - 2 * serial, MIN_TASK_SECONDS)
-    wire = max(rt.p2p(nbytes) - rt.p2p(0.0), MIN_TASK_SECONDS)
+    on_wire = rt.wire_time(nbytes)
+    latency = max(rt.p2p(nbytes) - on_wire + rt.exchange_s - 2 * serial, MIN_TASK_SECONDS)
+    wire = max(on_wire, MIN_TASK_SECONDS)
     delay = key + (-1,)
     label0 = labels[0] if labels else ""
     tasks = [(delay, b._delay_resource(delay), latency, "comm", 0.0, label0)]

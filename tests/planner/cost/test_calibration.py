@@ -37,12 +37,15 @@ def test_a_curve_refuses_decreasing_points():
 
 def test_the_profile_cache_keeps_calibrations_across_a_save(tmp_path):
     cache = ProfileCache(path=tmp_path / "p.json")
-    cal = default_calibration("CPU-core", "gloo", 2)
+    from dataclasses import replace
+    cal = replace(default_calibration("CPU-core", "gloo", 2), wire=Curve.fit([(0, 0.0), (1 << 20, 2e-4)]))
     cache.put_calibration(cal)
+    cache.put_calibration(default_calibration("CPU-core", "gloo", 4))        # no wire curve
     cache.save()
     again = ProfileCache.load(tmp_path / "p.json")
     got = again.calibration("CPU-core", "gloo", 2)
     assert got == cal and again.calibration("CPU-core", "gloo", 3) is None
+    assert got.wire_time(1 << 19) == pytest.approx(1e-4) and again.calibration("CPU-core", "gloo", 4).wire is None
     assert got.allreduce_time(1 << 20, 2) == cal.allreduce[0][1](1 << 20)
     assert got.optimizer_time("sgd", 2, 1e6) == pytest.approx(2 * 15e-6 + 1e6 * 0.55e-9)
     assert got.optimizer_time("lamb", 2, 1e6) is None

@@ -90,6 +90,35 @@ def test_the_messages_of_one_exchange_between_two_ranks_queue_one_after_another(
     assert not [k for k in plain.build(model_parallel(g, 2)) if k[-1] == -2]
 
 
+def test_only_a_messages_wire_time_queues_on_the_link_the_rest_of_its_time_is_waited_side_by_side():
+    """With a calibrated ``wire`` curve a message holds its link for the wire time of its bytes,
+    and its latency task is the rest of the point-to-point time for its size (plus the exchange
+    overhead): one message costs what the curve says either way, and the messages of one
+    exchange queue only their wire time.  Without it, everything beyond an empty message queues."""
+    from dataclasses import replace
+    from autopar.planner.cost import Curve
+    g = mlp()
+    base = replace(default_calibration("CPU-core", "gloo", 2), staging=(), message_serial_s=0.0,
+                   p2p=Curve(((0.0, 100e-6), (1e6, 1.1e-3))))
+    wired = replace(base, wire=Curve(((0.0, 0.0), (1e6, 0.1e-3))))
+    topo = get_preset("local:2")
+    steps = {}
+    for name, cal in (("plain", base), ("wired", wired)):
+        res, tl, tg = simulate_strategy(TaskGraphBuilder(g, topo, CostModel().bind(g), runtime=cal), model_parallel(g, 2))
+        wires = {k[:-1]: tg.task(k) for k in tg if tg.task(k).kind == "comm" and k[-1] == 0}
+        assert wires
+        for key, wire in wires.items():
+            latency = tg.task(key + (-1,)).duration
+            assert wire.duration == pytest.approx(max(cal.wire_time(wire.nbytes), 1e-9), abs=1e-9)
+            assert latency + wire.duration == pytest.approx(cal.p2p(wire.nbytes) + cal.exchange_s, abs=2e-9)
+            if name == "wired" and wire.nbytes > 0:
+                assert wire.duration == pytest.approx(wire.nbytes * 1e-10) and latency > base.p2p(0.0)
+        steps[name] = res.step_time
+    assert steps["wired"] <= steps["plain"] + 1e-12
+    assert base.wire_time(5e5) == pytest.approx(0.5e-3) and wired.wire_time(5e5) == pytest.approx(0.05e-3)
+    assert replace(base, wire=Curve(((0.0, 0.0), (1e6, 5e-3)))).wire_time(1e6) == pytest.approx(1.1e-3)  # capped
+
+
 def test_each_message_is_packed_by_its_sender_and_placed_by_its_receiver_on_their_cores():
     """With staging curves, every message gets a pack task on the sending rank's device before it
     leaves and a place task on the receiving rank's device after it arrives, lasting the curve's
