@@ -6,8 +6,9 @@ size will use the cached value without rerunning the task".  OptCNN (sec. 5.1) m
 layer under each configuration the same way.  This module is that cache: a key names what
 decides a task's time — the device product, the op kind, the shard shapes of the task's inputs,
 outputs and parameters, the dtype and the op's attributes — and maps it to two times in
-seconds (forward and backward, each the mean of its timed calls).  `autopar profile` (`planner.cost.profiler`) fills it; `planner.cost.CostModel` reads it and
-falls back to its roofline model for keys it does not hold.
+seconds (forward and backward, each the mean of its timed calls).  `autopar profile`
+(`planner.cost.profiler`) fills it; `planner.cost.CostModel` reads it and falls back to its
+roofline model for keys it does not hold.
 
 Shard shapes come from one *representative task* of the partition grid: the task at coordinate
 ``d // 2`` along every dimension.  Partitions are equal, so all tasks have the same output and
