@@ -1,4 +1,5 @@
-"""Fixtures shared by every test folder: the session's real control plane (tests/controlplane).
+"""Fixtures shared by every test folder: a profile cache of the session's own, and the session's
+real control plane (tests/controlplane).
 
 `controlplane` is one `ControlPlane` per test session, whichever folders use it (the control-plane
 tests and the operator's); `crd_installed` adds the ParallelTrainingJob CRD (KWOK plays
@@ -25,6 +26,17 @@ from tests.controlplane.cluster import ControlPlane
 ROOT = Path(__file__).resolve().parents[1]
 CRD = ROOT / "crds" / "paralleltrainingjobs.autopar.dev.yaml"
 _NAMESPACES = itertools.count()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _own_profile_cache(tmp_path_factory):
+    """Every test, and every process it starts, reads and writes a profile cache of the session's
+    own (``$AUTOPAR_CACHE_DIR``), never the one in the home directory: a developer's cache from
+    an older autopar makes commands print a notice first, and its op times would make simulated
+    numbers depend on the machine's history."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("AUTOPAR_CACHE_DIR", str(tmp_path_factory.mktemp("autopar-cache")))
+        yield
 
 
 @pytest.fixture(scope="session")
