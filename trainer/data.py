@@ -5,7 +5,9 @@ regions its input tasks need, so the data a run sees depends on neither the plan
 of ranks, and a run resumed at step k sees exactly what an uninterrupted run would have seen.
 
 Synthetic data: the model spec's own random inputs and labels (`ModelSpec.example_inputs`,
-token ids below the vocabulary), seeded by ``(seed, step)``.
+token ids below the vocabulary), seeded by ``(seed, step)`` and drawn on the rank's device: a
+CUDA rank draws its own (different numbers from a CPU rank's, as reproducible), since a global
+batch of images drawn on the host took longer than the GPU's whole step.
 
 A dataset file is ``torch.save``'d dict with one tensor per model input and one for the target,
 keyed by their names (``{"images": (S, 3, 32, 32) float, "labels": (S,) int64}``), the sample axis
@@ -27,16 +29,17 @@ class Batches(Protocol):
 
 
 class SyntheticData:
-    def __init__(self, spec, seed: int = 0):
+    def __init__(self, spec, seed: int = 0, device: torch.device | str = "cpu"):
         self.spec = spec
         self.seed = seed
+        self.device = torch.device(device)   # where batches are drawn (CUDA: on the GPU, see ModelSpec)
         self.names = [n for n, _ in spec.inputs] + [spec.target[0]]
 
     def batch(self, step: int) -> dict[str, torch.Tensor]:
         base = (self.seed * 1_000_003 + step) * 2
-        xs = self.spec.example_inputs(seed=base)
+        xs = self.spec.example_inputs(self.device, seed=base)
         out = {name: x for (name, _), x in zip(self.spec.inputs, xs)}
-        out[self.spec.target[0]] = self.spec.example_target(seed=base + 1)
+        out[self.spec.target[0]] = self.spec.example_target(self.device, seed=base + 1)
         return out
 
 
@@ -75,5 +78,6 @@ class FileData:
         return {name: t[idx] for name, t in self.tensors.items()}
 
 
-def make_data(spec, path: str | None = None, seed: int = 0) -> Batches:
-    return FileData(spec, path) if path else SyntheticData(spec, seed)
+def make_data(spec, path: str | None = None, seed: int = 0, device: torch.device | str = "cpu") -> Batches:
+    """The run's batches: the dataset file at `path`, else synthetic ones drawn on `device`."""
+    return FileData(spec, path) if path else SyntheticData(spec, seed, device)

@@ -46,7 +46,7 @@ class Trainer:
         self.optimizer = cfg.optimizer.build(shards) if shards else None
         if resume_state is not None and self.optimizer is not None:
             self._load_optimizer(resume_state)
-        self.data = make_data(job.spec, cfg.data, cfg.seed)
+        self.data = make_data(job.spec, cfg.data, cfg.seed, self.device)
         self.world_group = self.runtime.world_group
 
     def train_step(self, step: int | None = None) -> torch.Tensor:

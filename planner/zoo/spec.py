@@ -68,14 +68,17 @@ class ModelSpec:
         return dict(self.options)
 
     def example_inputs(self, device: torch.device | str = "cpu", seed: int = 0) -> tuple[torch.Tensor, ...]:
-        """Random forward inputs matching `inputs` (token ids drawn below the model's vocabulary)."""
-        gen = torch.Generator().manual_seed(seed)
-        return tuple(_random_tensor(spec, self._high(name), gen).to(device) for name, spec in self.inputs)
+        """Random forward inputs matching `inputs` (token ids drawn below the model's vocabulary),
+        drawn on `device` by a generator of its own seeded with `seed`: a CUDA device draws them
+        itself (a global batch of images drawn on the host and copied took longer than a GPU's
+        step), so its numbers differ from the CPU's, each reproducible."""
+        gen = torch.Generator(device=device).manual_seed(seed)
+        return tuple(_random_tensor(spec, self._high(name), gen) for name, spec in self.inputs)
 
     def example_target(self, device: torch.device | str = "cpu", seed: int = 1) -> torch.Tensor:
-        gen = torch.Generator().manual_seed(seed)
+        gen = torch.Generator(device=device).manual_seed(seed)
         name, spec = self.target
-        return _random_tensor(spec, self._high(name), gen).to(device)
+        return _random_tensor(spec, self._high(name), gen)
 
     def compute_loss(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """Mean cross entropy; an ``(N, L, C)`` output is scored per position against ``(N, L)`` labels."""
@@ -103,10 +106,11 @@ _BOUNDS = {
 
 
 def _random_tensor(spec: TensorSpec, high: int, gen: torch.Generator) -> torch.Tensor:
+    """A tensor of `spec` drawn by `gen` on its device."""
     dtype = getattr(torch, spec.dtype)
     if dtype.is_floating_point:
-        return torch.randn(spec.shape, generator=gen).to(dtype)
-    return torch.randint(0, high, spec.shape, generator=gen, dtype=dtype)
+        return torch.randn(spec.shape, generator=gen, device=gen.device).to(dtype)
+    return torch.randint(0, high, spec.shape, generator=gen, dtype=dtype, device=gen.device)
 
 
 def with_dtype(spec: ModelSpec, dtype: str | None) -> ModelSpec:
