@@ -169,6 +169,12 @@ def resolve_strategy(strategy: Any, graph: OperatorGraph, topology, model_option
 
 def predict(graph: OperatorGraph, topology, strategy: Strategy, cfg: TrainConfig) -> tuple[float | None, str]:
     """The simulator's step time for the plan (profile cache where measured, roofline elsewhere)."""
+    if (cfg.topology is None and any(d.kind.lower().startswith("cpu") for d in topology.devices)
+            and cfg.device in ("cuda", "auto") and pick_backend(cfg.device)[1] == "cuda"):
+        # local:N describes CPU worker ranks; a prediction for it says nothing about these GPUs
+        return None, ("no prediction: training on CUDA, and local:N describes CPU ranks; pass --topology with a "
+                      "topology file naming this machine's GPUs (examples/topologies), after `autopar profile` "
+                      "measured them")
     try:
         from pathlib import Path
 
@@ -237,6 +243,10 @@ def rank_main(rank: int, world: int, job: Job, device_kind: str = "cpu") -> dict
             with tracer.step(step) if traced else _NO_TRACE:
                 t0 = time.perf_counter()
                 local = trainer.train_step(step)
+                if trainer.device.type == "cuda":   # pragma: no cover - needs a GPU
+                    # kernels run behind the host: the step ends when the device is done, else a
+                    # GPU-bound step would count only the host's launches
+                    torch.cuda.synchronize(trainer.device)
                 seconds = time.perf_counter() - t0
             loss = trainer.global_loss(local)
             if metrics is not None:

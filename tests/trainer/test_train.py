@@ -63,3 +63,20 @@ def test_the_cli_options_become_a_config():
     assert (cfg.strategy, cfg.nproc, cfg.steps, cfg.dtype) == ("plan.yaml", 4, 7, "float64")
     assert (cfg.optimizer.name, cfg.optimizer.lr) == ("adam", 0.5)
     assert (cfg.checkpoint_dir, cfg.checkpoint_every, cfg.resume, cfg.metrics_port) == ("ck", 2, True, 9100)
+
+
+def test_training_on_cuda_without_a_gpu_topology_predicts_nothing_rather_than_a_cpu_step(monkeypatch):
+    """local:N describes CPU ranks; on CUDA the prediction needs a topology that names the GPUs."""
+    from autopar.planner.ir import single_device
+    from autopar.trainer import train as train_mod
+    from autopar.trainer.optim import OptimizerConfig
+    monkeypatch.setattr(train_mod, "pick_backend", lambda device=None: ("nccl", "cuda"))
+    graph = import_spec(get_model("lenet", **LENET))
+    cfg = train_mod.TrainConfig(model="lenet", device="cuda", optimizer=OptimizerConfig("sgd", lr=0.01), log=False)
+    predicted, note = train_mod.predict(graph, get_preset("local:1"), single_device(graph), cfg)
+    assert predicted is None and "--topology" in note and "GPUs" in note
+    # With --topology (a file naming the GPU product) it simulates as usual.
+    cfg = train_mod.TrainConfig(model="lenet", device="cuda", topology="p100-1x4",
+                                optimizer=OptimizerConfig("sgd", lr=0.01), log=False)
+    predicted, note = train_mod.predict(graph, get_preset("p100-1x4"), single_device(graph), cfg)
+    assert predicted and predicted > 0 and note == "simulated on p100-1x4"
