@@ -43,6 +43,9 @@ class Estimate:
     forward: float  # seconds for one task (one partition) of the op
     backward: float  # seconds
     source: str  # "profile" or "analytic"
+    # GPUs: the host's seconds issuing the forward and backward kernels (None: not measured); the
+    # kernels run behind it (`RuntimeCalibration.launches_async`)
+    host: tuple[float, float] | None = None
 
     @property
     def total(self) -> float:
@@ -389,9 +392,10 @@ class CostModel:
             attrs = self._attrs.get(id(op))
             if attrs is None or attrs[0] is not op:
                 attrs = self._attrs[id(op)] = (op, attrs_text(op))
-            measured = self.cache.get(key_of_shapes(op, device.product, shards, attrs[1]))
+            key = key_of_shapes(op, device.product, shards, attrs[1])
+            measured = self.cache.get(key)
             if measured is not None:
-                return Estimate(measured[0], measured[1], "profile")
+                return Estimate(measured[0], measured[1], "profile", self.cache.host(key))
         if not kind_class(op.kind)[1]:
             self._unknown.add(op.kind)
         return self.analytic.estimate(op, degrees, device, shapes, shards)

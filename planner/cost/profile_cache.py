@@ -21,6 +21,10 @@ File format (``version`` 1)::
 
     {"version": 1, "entries": {"<key>": {"forward": 1.2e-4, "backward": 2.5e-4}, ...}}
 
+On a GPU an entry also has ``"host": [forward, backward]``: the seconds the host spends issuing
+the task's kernels, beside the kernels' own time on the device (the two run side by side, see
+`planner.sim.trainer_model`).  CPU entries have none: there the host runs the kernels itself.
+
 The default location is ``$AUTOPAR_CACHE_DIR/profile.json`` or
 ``~/.cache/autopar/profile.json``.  Saving writes a temporary file next to the target and renames
 it over the target (``os.replace``), so a reader never sees a half-written cache.  Two profile
@@ -180,6 +184,7 @@ class _Entry(BaseModel):
     model_config = ConfigDict(extra="ignore")
     forward: float = Field(ge=0, allow_inf_nan=False)
     backward: float = Field(ge=0, allow_inf_nan=False)
+    host: tuple[float, float] | None = None     # GPUs: the host's seconds issuing the kernels
 
 
 class _CacheFile(BaseModel):
@@ -206,6 +211,7 @@ class ProfileCache:
     def __init__(self, entries: Mapping[str, tuple[float, float]] | None = None, path: str | os.PathLike | None = None,
                  calibrations: Mapping[str, Any] | None = None):
         self._entries: dict[str, tuple[float, float]] = {}
+        self._host: dict[str, tuple[float, float]] = {}
         self._calibrations: dict[str, Any] = {}
         self.path = Path(path) if path is not None else None
         #: set by `load` when it dropped measurements taken the old way: one line for people
@@ -246,6 +252,9 @@ class ProfileCache:
         try:
             cache = cls({k: (v.forward, v.backward) for k, v in doc.entries.items()}, path=p,
                         calibrations={k: c for k, c in doc.calibrations.items() if k not in stale})
+            for k, v in doc.entries.items():
+                if v.host is not None:
+                    cache.put(k, v.forward, v.backward, host=v.host)
         except CostModelError as e:
             raise CostModelError(f"profile cache {p}: {e}") from e
         if stale:
@@ -259,7 +268,8 @@ class ProfileCache:
         doc: dict[str, Any] = {
             "version": FORMAT_VERSION,
             "method": MEASUREMENT_METHOD,
-            "entries": {k: {"forward": f, "backward": b} for k, (f, b) in sorted(self._entries.items())},
+            "entries": {k: {"forward": f, "backward": b, **({"host": list(self._host[k])} if k in self._host else {})}
+                        for k, (f, b) in sorted(self._entries.items())},
             "calibrations": {k: c.to_json() for k, c in sorted(self._calibrations.items())},
         }
         def dump(fh) -> None:
@@ -273,12 +283,22 @@ class ProfileCache:
     def get(self, key: str) -> tuple[float, float] | None:
         return self._entries.get(key)
 
-    def put(self, key: str, forward: float, backward: float) -> None:
-        f, b = float(forward), float(backward)
-        if not (math.isfinite(f) and math.isfinite(b) and f >= 0 and b >= 0):
+    def host(self, key: str) -> tuple[float, float] | None:
+        """The host's (forward, backward) seconds issuing the task's kernels, where measured (GPUs)."""
+        return self._host.get(key)
+
+    def put(self, key: str, forward: float, backward: float, host: Sequence[float] | None = None) -> None:
+        """Store a task's times; `host` (GPUs) the host's seconds issuing its forward and backward."""
+        times = [float(forward), float(backward)] + ([float(h) for h in host] if host is not None else [])
+        if not all(math.isfinite(t) and t >= 0 for t in times) or (host is not None and len(times) != 4):
             raise CostModelError(f"profile entry {key}: times must be finite and non-negative, "
-                                 f"got forward {forward} s and backward {backward} s")
-        self._entries[key] = (f, b)
+                                 f"got forward {forward} s and backward {backward} s"
+                                 + (f" and host {list(host)}" if host is not None else ""))
+        self._entries[key] = (times[0], times[1])
+        if host is not None:
+            self._host[key] = (times[2], times[3])
+        else:
+            self._host.pop(key, None)
 
     def calibration(self, product: str, backend: str, world: int) -> RuntimeCalibration | None:
         """The measured runtime calibration of (device product, backend, world size), if any."""

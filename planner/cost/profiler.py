@@ -49,10 +49,14 @@ The workers come from a fork server (a process that traced a model with fake ten
 backward pass cannot be forked safely) and import the model themselves by name.  ``workers=1``,
 ``concurrent=False`` and CUDA devices measure in the calling process.
 
-Timing: ``time.perf_counter`` around each call on CPU (PyTorch CPU ops are synchronous); on CUDA,
-``torch.cuda.Event`` pairs recorded on the current stream around the call, with a synchronize
-before reading them, so launch queuing is not mistaken for execution (untested here: this
-machine has no GPU).  The local CPU workers of the `local` preset run one thread each, so
+Timing: ``time.perf_counter`` around each call on CPU (PyTorch CPU ops are synchronous).  On
+CUDA two numbers per call (`_cuda_times`): the kernels' seconds on the device, from
+``torch.cuda.Event`` pairs around each call while a sleep kernel keeps the GPU busy so that the
+host has queued every call before the first runs (events on an idle GPU count the host's launch
+latency as kernel time: a 5 us kernel read as the 30-40 us its host took to issue it); and the
+host's seconds issuing them, each call timed alone between synchronizations.  The simulator runs
+the two on two streams (`planner.sim.trainer_model.gpu_op_plan`).  Checked on an NVIDIA H100
+(docs/simulation.md, "GPU").  The local CPU workers of the `local` preset run one thread each, so
 `profile_local` pins torch to one thread while it measures.
 """
 
@@ -232,9 +236,69 @@ def cache_evictor(device: torch.device) -> Callable[[], None] | None:
     return evict
 
 
+def _sleep_rate(device: torch.device) -> float:  # pragma: no cover - needs a GPU
+    """Cycles per second of ``torch.cuda._sleep`` on `device` (timed once per process)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    rate = _SLEEP_RATES.get(index)
+    if rate is None:
+        cycles = 2_000_000
+        torch.cuda._sleep(cycles)            # wake the clocks
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(cycles)
+        end.record()
+        end.synchronize()
+        rate = _SLEEP_RATES[index] = cycles / max(start.elapsed_time(end) / 1e3, 1e-6)
+    return rate
+
+
+_SLEEP_RATES: dict[int, float] = {}
+#: The most a GPU is kept busy while the host queues the timed calls (`_timed_seconds`).
+_COVER_CAP_S = 0.5
+
+
+def _cuda_times(fn: Callable[[], Any], device: torch.device, repeats: int, prepare: Callable[[], None],
+                host: list | None) -> list[float]:  # pragma: no cover - needs a GPU
+    """Device seconds of `repeats` calls of `fn`, and (into `host`) the mean host seconds of one.
+
+    A kernel's own time and its host's time to issue it are two numbers on a GPU: the host issues
+    and goes on while the kernels run behind it.  Host: each call timed alone, the device idle
+    before it and waited for after it, outside the timer.  Device: a sleep kernel keeps the GPU
+    busy while the host queues every call between its pair of events, so each pair brackets that
+    call's kernels back to back — not the host's launch latency, which an idle GPU's events would
+    count (for small ops they measured the host instead of the device)."""
+    hosts = []
+    for _ in range(repeats):
+        prepare()
+        _sync(device)
+        t0 = time.perf_counter()
+        fn()
+        hosts.append(time.perf_counter() - t0)
+        _sync(device)
+    if host is not None:
+        host.append(statistics.fmean(hosts))
+    with torch.cuda.device(device):
+        pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(repeats)]
+        t0 = time.perf_counter()
+        prepare()
+        setup_s = time.perf_counter() - t0
+        cover = min(_COVER_CAP_S, 2.0 * repeats * (max(hosts) + setup_s) + 1e-3)
+        if hasattr(torch.cuda, "_sleep"):
+            torch.cuda._sleep(int(cover * _sleep_rate(device)))
+        for k, (start, end) in enumerate(pairs):
+            if k:
+                prepare()
+            start.record()
+            fn()
+            end.record()
+        pairs[-1][1].synchronize()
+        return [start.elapsed_time(end) / 1e3 for start, end in pairs]  # ms -> s
+
+
 def _timed_seconds(fn: Callable[[], Any], device: torch.device, warmup: int, repeats: int,
                    budget: float | None = None, *, setup: Callable[[], None] | None = None,
-                   sync: Callable[[], None] | None = None, statistic: str = "mean") -> float:
+                   sync: Callable[[], None] | None = None, statistic: str = "mean",
+                   host: list | None = None) -> float:
     """Mean (or, with ``statistic="median"``, median) of `repeats` timed calls after `warmup` (at
     least one) untimed ones.
 
@@ -249,6 +313,9 @@ def _timed_seconds(fn: Callable[[], Any], device: torch.device, warmup: int, rep
     `setup` runs before every call, warm-up or timed, outside the timed region (cache eviction,
     resetting gradients); `sync` runs before the warm-up and again before the timed repetitions
     (the barrier that keeps concurrent workers in lockstep).
+
+    On a GPU the calls' device time is returned and their host time appended to `host`
+    (`_cuda_times`).
     """
     prepare = setup if setup is not None else (lambda: None)
     if sync is not None:
@@ -269,15 +336,7 @@ def _timed_seconds(fn: Callable[[], Any], device: torch.device, warmup: int, rep
         sync()
     times = []
     if device.type == "cuda":  # pragma: no cover - needs a GPU
-        with torch.cuda.device(device):
-            for _ in range(repeats):
-                prepare()
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn()
-                end.record()
-                end.synchronize()
-                times.append(start.elapsed_time(end) / 1e3)  # ms -> s
+        times = _cuda_times(fn, device, repeats, prepare, host)
     else:
         for _ in range(repeats):
             prepare()
@@ -348,7 +407,8 @@ def engine_overhead(device: torch.device, repeats: int = 50) -> tuple[float, flo
     From the medians of backward passes through chains of 1 and 9 scalar multiplications into a
     leaf whose ``.grad`` is preset, as `measure_task` presets the parameters' (so each pass also
     runs the leaf's gradient-accumulation node, a trivial node too): per node = difference / 8,
-    fixed = 1-chain time - 2 nodes (the multiplication and the accumulation).
+    fixed = 1-chain time - 2 nodes (the multiplication and the accumulation).  On a GPU these are
+    the host's times: the engine's start-up is host work, taken off the host's backward time.
     """
     x = torch.randn(4, device=device, requires_grad=True)
     x.grad = torch.zeros_like(x)
@@ -358,8 +418,10 @@ def engine_overhead(device: torch.device, repeats: int = 50) -> tuple[float, flo
         y = x
         for _ in range(k):
             y = y * 1.5
-        return _timed_seconds(lambda: torch.autograd.backward(y, g, retain_graph=True), device, 5, repeats,
-                              statistic="median")
+        host: list[float] = []
+        seconds = _timed_seconds(lambda: torch.autograd.backward(y, g, retain_graph=True), device, 5, repeats,
+                                 statistic="median", host=host)
+        return host[0] if host else seconds
 
     one, nine = chain(1), chain(9)
     # Timer noise can make the difference tiny or negative; a node costs at least 0.1 µs.
@@ -377,7 +439,7 @@ def measure_task(graph: OperatorGraph, op: Op, degrees: tuple[int, ...], device:
                  repeats: int = 10, warmup: int = 3, forward_task: ForwardTask | None = None,
                  module: nn.Module | None = None, budget: float | None = None, seed: int = 0,
                  overhead: tuple[float, float] = (0.0, 0.0), cold: bool = True,
-                 sync: Callable[[], None] | None = None) -> tuple[float, float]:
+                 sync: Callable[[], None] | None = None, host: list | None = None) -> tuple[float, float]:
     """Mean forward and backward seconds of the representative task of `op` split by `degrees`
     (`_timed_seconds`).
 
@@ -387,6 +449,9 @@ def measure_task(graph: OperatorGraph, op: Op, degrees: tuple[int, ...], device:
     allocates the inputs' gradients afresh (see module doc).  `cold` evicts the CPU caches before
     every call (`cache_evictor`; nothing on other devices).  `sync` is called before each warm-up
     and each set of timed repetitions, four times at most (two when there is no backward pass).
+    On a GPU the times are the kernels' on the device, and `host` (a list) receives the host's
+    forward and backward seconds issuing them (`_cuda_times`; the engine's fixed start-up, host
+    work, is taken off the host's backward there).
     """
     if forward_task is None:
         from ..ir.kernels import forward_task
@@ -404,11 +469,14 @@ def measure_task(graph: OperatorGraph, op: Op, degrees: tuple[int, ...], device:
             kept.add(_outputs(out))
         return out
 
-    fwd_s = _timed_seconds(fwd, device, warmup, repeats, budget, setup=evict, sync=sync)
+    hosts: list[float] = []
+    fwd_s = _timed_seconds(fwd, device, warmup, repeats, budget, setup=evict, sync=sync, host=hosts)
     outs = [o for o in _outputs(fwd()) if o.requires_grad]
     fresh = [t for t in inputs if t.requires_grad]  # leaves whose gradient the step allocates
     accumulated = [p for p in params if p.requires_grad and p.is_floating_point()]
     if not outs or not (fresh or accumulated):
+        if host is not None and hosts:
+            host[:] = [hosts[0], 0.0]
         return fwd_s, 0.0
     grads = [torch.randn(o.shape, generator=gen, dtype=torch.float32).to(device=device, dtype=o.dtype) for o in outs]
     for p in accumulated:  # the trainer's gradient buckets: every backward use adds into them
@@ -426,7 +494,11 @@ def measure_task(graph: OperatorGraph, op: Op, degrees: tuple[int, ...], device:
         torch.autograd.backward(outs, grads, retain_graph=True)
 
     fixed, per_node = overhead
-    bwd_s = _timed_seconds(bwd, device, warmup, repeats, budget, setup=before_backward, sync=sync)
+    bwd_s = _timed_seconds(bwd, device, warmup, repeats, budget, setup=before_backward, sync=sync, host=hosts)
+    if device.type == "cuda":  # pragma: no cover - needs a GPU
+        if host is not None and len(hosts) == 2:
+            host[:] = [hosts[0], max(hosts[1] - fixed, per_node)]
+        return fwd_s, bwd_s
     return fwd_s, max(bwd_s - fixed, per_node)
 
 
@@ -520,9 +592,11 @@ def profile_ops(graph: OperatorGraph, degree_choices: Iterable[tuple[str, Sequen
             if n in failed:
                 continue
             try:
-                passes[n].append(measure_task(graph, op, degrees, device, repeats=repeats, warmup=warmup,
-                                              forward_task=forward_task, module=module, budget=budget,
-                                              overhead=overhead))
+                host: list[float] = []
+                f, b = measure_task(graph, op, degrees, device, repeats=repeats, warmup=warmup,
+                                    forward_task=forward_task, module=module, budget=budget,
+                                    overhead=overhead, host=host)
+                passes[n].append((f, b, *host) if len(host) == 2 else (f, b))
             except Exception as e:  # an op the kernels cannot run yet; keep going, report it
                 failed[n] = f"{type(e).__name__}: {e}"
     _store_passes(work, passes, failed, cache, report)
@@ -532,17 +606,21 @@ def profile_ops(graph: OperatorGraph, degree_choices: Iterable[tuple[str, Sequen
     return report
 
 
-def _store_passes(work: list, passes: list[list[tuple[float, float]]], failed: Mapping[int, str],
+def _store_passes(work: list, passes: list[list[tuple[float, ...]]], failed: Mapping[int, str],
                   cache: ProfileCache, report: ProfileReport) -> None:
-    """Store each task's median pass (forward and backward apart) in `cache` and `report`; a task
-    that failed in a pass is reported skipped with its error instead."""
+    """Store each task's median pass (forward and backward apart, and on a GPU the host's times
+    too) in `cache` and `report`; a task that failed in a pass is reported skipped with its error
+    instead."""
     for n, (key, op, degrees) in enumerate(work):
         if n in failed:
             report.skipped.append((op.name, degrees, failed[n]))
             continue
-        fwd = statistics.median(f for f, _ in passes[n])
-        bwd = statistics.median(b for _, b in passes[n])
-        cache.put(key, fwd, bwd)
+        fwd = statistics.median(p[0] for p in passes[n])
+        bwd = statistics.median(p[1] for p in passes[n])
+        with_host = [p for p in passes[n] if len(p) == 4]
+        host = ((statistics.median(p[2] for p in with_host), statistics.median(p[3] for p in with_host))
+                if with_host else None)
+        cache.put(key, fwd, bwd, host=host)
         report.measured.append(ProfileRecord(key, op.name, degrees, fwd, bwd))
 
 

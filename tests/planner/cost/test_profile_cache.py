@@ -36,6 +36,31 @@ def test_save_then_load_gives_the_same_entries(tmp_path):
     assert back.path == path and len(back) == 2 and "b|k" in back
 
 
+def test_gpu_entries_keep_the_hosts_issuing_time_beside_the_kernels(tmp_path):
+    """A GPU's task has two times: its kernels' on the device and its host's issuing them."""
+    from autopar.planner.cost import CostModel
+    from autopar.planner.hardware import get_preset
+    path = tmp_path / "profile.json"
+    cache = ProfileCache()
+    cache.put("g|k", 5e-6, 9e-6, host=(3e-5, 4.5e-5))
+    cache.put("c|k", 1e-4, 2e-4)
+    cache.save(path)
+    assert json.loads(path.read_text())["entries"]["g|k"]["host"] == [3e-5, 4.5e-5]
+    back = ProfileCache.load(path)
+    assert back.get("g|k") == (5e-6, 9e-6) and back.host("g|k") == (3e-5, 4.5e-5) and back.host("c|k") is None
+    back.put("g|k", 6e-6, 9e-6)            # measured again without a host time: none is kept
+    assert back.host("g|k") is None
+    with pytest.raises(CostModelError, match="host"):
+        back.put("g|k", 1e-6, 1e-6, host=(float("nan"), 0.0))
+    # The cost model hands the host's time on with the estimate.
+    op, shapes = _conv()
+    dev = get_preset("p100-1x4").devices[0]
+    key = task_key(op, (1, 1, 1, 1), dev.product, shapes)
+    cache.put(key, 1e-5, 2e-5, host=(4e-5, 6e-5))
+    est = CostModel(cache).task_cost(op, (1, 1, 1, 1), dev, shapes)
+    assert (est.forward, est.backward, est.host, est.source) == (1e-5, 2e-5, (4e-5, 6e-5), "profile")
+
+
 def test_a_missing_file_is_an_empty_cache_that_saves_there(tmp_path):
     path = tmp_path / "none.json"
     cache = ProfileCache.load(path)
