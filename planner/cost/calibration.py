@@ -154,6 +154,13 @@ class RuntimeCalibration:
             return min(self.wire(nbytes), self.p2p(nbytes))
         return max(0.0, self.p2p(nbytes) - self.p2p(0.0))
 
+    @property
+    def launches_async(self) -> bool:
+        """Whether the device runs kernels behind the host that issues them (CUDA, ``nccl``): the
+        simulator then gives each task a host part and a device part on two streams
+        (`planner.sim.trainer_model.gpu_op_plan`); on CPU ranks the host runs the kernels itself."""
+        return self.backend == "nccl"
+
     def allreduce_time(self, nbytes: float, group: int) -> float:
         """Seconds of an all-reduce of `nbytes` among `group` ranks (the nearest measured group
         size at or above, else the largest)."""

@@ -23,7 +23,8 @@ What the trainer does, and how it is modelled:
   and its receiver places it on their own devices (`_stage`, the calibrated staging), each
   program waiting for its part.
 * **Overheads.**  Each forward and backward task costs the calibrated per-task overhead on top
-  of its kernel time (`planner.cost.calibration`).
+  of its kernel time (`planner.cost.calibration`).  On GPUs, whose kernels run behind the host
+  that issues them, each task is a host part and a device part on two streams (`gpu_op_plan`).
 * **Gradient synchronization** in buckets (`planner.sim.buckets`, the trainer's own plan): a
   bucket's all-reduce starts when every rank of its group has passed the bucket's op in the
   backward pass, and lasts the calibrated all-reduce time for its bytes and group size, on the
@@ -55,6 +56,8 @@ from .buckets import plan_buckets
 #: message latencies each on one from ``DELAY_BASE`` on (`TaskGraphBuilder._delay_resource`).
 _CHAIN_BASE = _VIRTUAL_RESOURCE_BASE + (1 << 36)
 DELAY_BASE = _VIRTUAL_RESOURCE_BASE + (2 << 36)
+#: GPUs: the barriers of each device's kernel stream, on a virtual resource per device.
+_STREAM_BASE = _VIRTUAL_RESOURCE_BASE + (3 << 36)
 _FLOAT = ("float64", "float32", "float16", "bfloat16")
 
 
@@ -112,6 +115,29 @@ def grads_in(n: int, i: int, d: int) -> tuple:
     return (1, n - i, 2, d, 1)
 
 
+def stream_arrive(i: int, d: int) -> tuple:
+    """GPUs: device d's kernel stream reaches op i's forward kernels."""
+    return (0, i, -1, d, 3)
+
+
+def stream_back(n: int, i: int, d: int) -> tuple:
+    """GPUs: device d's kernel stream reaches op i's backward kernels (i = -1: the end)."""
+    return (1, n - i, -1, d, 3)
+
+
+def _stream_pass(i: int, d: int) -> tuple:
+    return (0, i, -1, d, 4)
+
+
+def _stream_back_pass(n: int, i: int, d: int) -> tuple:
+    return (1, n - i, -1, d, 4)
+
+
+def host_task(key: tuple) -> tuple:
+    """GPUs: the host's part of compute task `key` (issuing its kernels)."""
+    return (key[0], key[1], 3, key[3])
+
+
 def zero_grad(d: int) -> tuple:
     return (-1, 0, d)
 
@@ -138,13 +164,22 @@ def requires_grad(graph: OperatorGraph) -> list[bool]:
 # -- groups ---------------------------------------------------------------------------------------
 
 def chain_plan(b) -> tuple:
-    """The static barriers of every device's program and the edges between them."""
+    """The static barriers of every device's program and the edges between them (on GPUs, of its
+    kernel stream too)."""
     n, devs = b.num_ops, range(b.num_devices)
     tasks, edges, keys = [], [], []
 
-    def barrier(key, d):
-        tasks.append((key, _CHAIN_BASE + d, MIN_TASK_SECONDS, "barrier", 0.0, "chain"))
+    def barrier(key, d, base=_CHAIN_BASE):
+        tasks.append((key, base + d, MIN_TASK_SECONDS, "barrier", 0.0, "chain"))
         keys.append(key)
+
+    if b.runtime.launches_async:
+        for d in devs:
+            for i in range(n + 1):
+                barrier(stream_arrive(i, d), d, _STREAM_BASE)
+            for i in range(-1, n):
+                barrier(stream_back(n, i, d), d, _STREAM_BASE)
+            edges.append((stream_arrive(n, d), stream_back(n, n - 1, d)))
 
     for d in devs:
         for i in range(n + 1):
@@ -165,8 +200,10 @@ def chain_plan(b) -> tuple:
 
 def op_plan(b, i: int, op, cfg) -> tuple:
     """Op `i`'s forward and backward tasks under `cfg` (kernel time plus the calibrated
-    overhead), and their place in every device's program."""
+    overhead), and their place in every device's program; on GPUs `gpu_op_plan`."""
     rt: RuntimeCalibration = b.runtime
+    if rt.launches_async:
+        return gpu_op_plan(b, i, op, cfg)
     n = b.num_ops
     device = b.topology.devices
     shapes = b._in_shapes[op.name]
@@ -200,6 +237,65 @@ def op_plan(b, i: int, op, cfg) -> tuple:
             bwd = [back_arrive(n, i, d), q, grads_out(n, i, d)]
         edges += zip(fwd, fwd[1:])
         edges += zip(bwd, bwd[1:])
+    return tasks, edges, tuple(keys)
+
+
+def gpu_op_plan(b, i: int, op, cfg) -> tuple:
+    """Op `i` on GPUs, whose kernels run behind the host that issues them: two streams per device.
+
+    Each task is a host part — the profile's host seconds issuing its kernels
+    (`planner.cost.Estimate.host`) plus the calibrated per-task overhead of the runtime — in the
+    device's program chain, and a device part — the kernels' own seconds — on the device, after
+    its host part and in the device's stream order (`stream_arrive`, `stream_back`).  The host
+    runs ahead while the kernels queue, so a step costs the sum of its kernels where they are long
+    and the host's issuing where they are short, op by op, as a real step does (Daydream and
+    Lumos model a GPU step as these two dependent streams; a task that only took the longer of
+    the two overpredicted rnnlm on an H100 by 23 %, adding them underpredicted small models)."""
+    rt: RuntimeCalibration = b.runtime
+    n = b.num_ops
+    device = b.topology.devices
+    shapes = b._in_shapes[op.name]
+    grad = b._requires_grad[i]
+    name = op.name
+    est_on: dict = {}
+    tasks, edges, keys = [], [], []
+    on: dict[int, list[int]] = {}
+    for t, dev in enumerate(cfg.devices):
+        est = est_on.get(dev)
+        if est is None:
+            est = est_on[dev] = b.cost.task_cost(op, cfg.degrees, device[dev], shapes)
+        host_f, host_b = est.host if est.host is not None else (0.0, 0.0)
+        fk, bk = (0, i, 0, t), (1, n - i, 0, t)
+        hf, hb = host_task(fk), host_task(bk)
+        tasks.append((hf, _CHAIN_BASE + dev, max(host_f + rt.fwd_task_s, MIN_TASK_SECONDS), "overhead", 0.0, name))
+        tasks.append((fk, dev, max(est.forward, MIN_TASK_SECONDS), "forward", 0.0, name))
+        back_host = host_b + rt.bwd_task_s if grad else MIN_TASK_SECONDS
+        tasks.append((hb, _CHAIN_BASE + dev, max(back_host, MIN_TASK_SECONDS), "overhead", 0.0, name))
+        tasks.append((bk, dev, max(est.backward if grad else 0.0, MIN_TASK_SECONDS), "backward", 0.0, name))
+        edges += [(fk, bk), (hf, fk), (hb, bk)]
+        keys += (hf, fk, hb, bk)
+        on.setdefault(dev, []).append(t)
+    for d in range(b.num_devices):
+        ts = on.get(d)
+        if ts:
+            fwd = [inputs_in(i, d)] + [host_task((0, i, 0, t)) for t in ts] + [arrive(i + 1, d)]
+            bwd = [back_arrive(n, i, d)] + [host_task((1, n - i, 0, t)) for t in ts] + [grads_out(n, i, d)]
+            sfwd = [stream_arrive(i, d)] + [(0, i, 0, t) for t in ts] + [stream_arrive(i + 1, d)]
+            sbwd = [stream_back(n, i, d)] + [(1, n - i, 0, t) for t in ts] + [stream_back(n, i - 1, d)]
+        else:
+            p, q = _pass(i, d), _back_pass(n, i, d)
+            sp, sq = _stream_pass(i, d), _stream_back_pass(n, i, d)
+            tasks.append((p, _CHAIN_BASE + d, MIN_TASK_SECONDS, "barrier", 0.0, name))
+            tasks.append((q, _CHAIN_BASE + d, MIN_TASK_SECONDS, "barrier", 0.0, name))
+            tasks.append((sp, _STREAM_BASE + d, MIN_TASK_SECONDS, "barrier", 0.0, name))
+            tasks.append((sq, _STREAM_BASE + d, MIN_TASK_SECONDS, "barrier", 0.0, name))
+            keys += (p, q, sp, sq)
+            fwd = [inputs_in(i, d), p, arrive(i + 1, d)]
+            bwd = [back_arrive(n, i, d), q, grads_out(n, i, d)]
+            sfwd = [stream_arrive(i, d), sp, stream_arrive(i + 1, d)]
+            sbwd = [stream_back(n, i, d), sq, stream_back(n, i - 1, d)]
+        for chain in (fwd, bwd, sfwd, sbwd):
+            edges += zip(chain, chain[1:])
     return tasks, edges, tuple(keys)
 
 
@@ -354,6 +450,8 @@ def sync_plan(b, holdings: dict) -> tuple:
                 tasks.append((key, part, (seconds,) * len(part), "comm", float(bucket.nbytes), label))
             keys.append(key)
             edges += [(back_arrive(n, bucket.after_op - 1, d), key) for d in devs]
+            if rt.launches_async:   # the gradients are the kernels' work: the stream must be there too
+                edges += [(stream_back(n, bucket.after_op - 1, d), key) for d in devs]
             edges += [(key, sync_wait(d)) for d in devs]
     devices = b.topology.devices
     update_time = b.cost.update_time
@@ -376,6 +474,10 @@ def sync_plan(b, holdings: dict) -> tuple:
         tasks.append((w, _CHAIN_BASE + d, MIN_TASK_SECONDS, "barrier", 0.0, "sync"))
         tasks.append((o, d, max(seconds, MIN_TASK_SECONDS), "update", 0.0, "optimizer step"))
         keys += (z, w, o)
-        edges += [(z, arrive(0, d)), (back_arrive(n, -1, d), w), (w, o)]
+        edges += [(back_arrive(n, -1, d), w), (w, o)]
+        if rt.launches_async:   # zeroing and the update are kernels in the stream; the host runs on
+            edges += [(z, stream_arrive(0, d)), (stream_back(n, -1, d), o)]
+        else:
+            edges.append((z, arrive(0, d)))
     return tasks, edges, tuple(keys)
 

@@ -34,8 +34,9 @@ SMALL = {
     "transformer": dict(batch=4, vocab=64, seq=8, d=16, heads=2, layers=2),
 }
 # FlexFlow's idealized runtime on GPU presets; the trainer's model (program order, exchanges,
-# buckets; `planner.sim.trainer_model`) on local CPU ranks.
-TOPOLOGIES = ["p100-1x4", "k80-2x2", "local:2", "local:3"]
+# buckets; `planner.sim.trainer_model`) on local CPU ranks, and on GPUs with a measured NCCL
+# calibration ("+nccl": host and kernel streams, `trainer_model.gpu_op_plan`).
+TOPOLOGIES = ["p100-1x4", "k80-2x2", "local:2", "local:3", "p100-1x4+nccl"]
 
 
 @lru_cache(maxsize=None)
@@ -44,10 +45,22 @@ def _graph(model):
     return import_spec(spec)
 
 
+def _builder(graph, topology: str) -> TaskGraphBuilder:
+    from dataclasses import replace
+
+    from autopar.planner.cost.calibration import default_calibration
+    name, _, backend = topology.partition("+")
+    topo = get_preset(name)
+    if not backend:
+        return TaskGraphBuilder(graph, topo, CostModel().bind(graph))
+    cal = replace(default_calibration(topo.devices[0].product, backend, topo.num_devices), source="measured")
+    return TaskGraphBuilder(graph, topo, CostModel().bind(graph), runtime=cal)
+
+
 def _walk(model: str, topology: str, changes: int, seed: int) -> int:
     graph = _graph(model)
-    topo = get_preset(topology)
-    builder = TaskGraphBuilder(graph, topo, CostModel().bind(graph))
+    builder = _builder(graph, topology)
+    topo = builder.topology
     session = DeltaSession(builder, data_parallel(graph, topo.num_devices))
     rng = random.Random(seed)
     for step in range(changes):

@@ -191,3 +191,63 @@ def test_a_measured_nccl_calibration_puts_a_gpu_topology_on_the_trainers_model()
     cal = replace(default_calibration(topo.devices[0].product, "nccl", 4), source="measured")
     cache.put_calibration(cal)
     assert TaskGraphBuilder(mlp(), topo, CostModel(cache)).runtime == cal
+
+
+def _gpu_step(g, forward: float, host: float, runtime_s: float = 0.0) -> float:
+    """The simulated single-device step of `g` on a GPU whose every task's kernels take `forward`
+    seconds (backward too) and whose host takes `host` seconds to issue them."""
+    from dataclasses import replace
+
+    from autopar.planner.cost.model import Estimate
+    from autopar.planner.ir import single_device
+
+    class Fixed(CostModel):
+        def task_cost(self, op, degrees, device, input_shapes=None):
+            return Estimate(forward, forward, "profile", (host, host))
+
+    topo = get_preset("p100-1x4")
+    cal = replace(default_calibration(topo.devices[0].product, "nccl", 4), fwd_task_s=runtime_s,
+                  bwd_task_s=runtime_s, optimizer=(("sgd", 0.0, 0.0),), source="measured")
+    assert cal.launches_async
+    res, _, _ = simulate_strategy(TaskGraphBuilder(g, topo, Fixed().bind(g), "sgd", runtime=cal), single_device(g))
+    return res.step_time
+
+
+def test_on_gpus_the_host_runs_ahead_of_the_kernels_it_issues():
+    """Two streams per GPU: the host issues each task (its host seconds plus the runtime's overhead)
+    and goes on; the kernels run behind it in program order.  A step costs about the slower
+    stream's sum, not the sum of both."""
+    from autopar.planner.sim import requires_grad
+    g = mlp()
+    tasks = len(g.ops) + sum(requires_grad(g))
+    ms = 1e-3
+    device_bound = _gpu_step(g, forward=ms, host=1e-6)
+    host_bound = _gpu_step(g, forward=1e-6, host=ms)
+    assert device_bound == pytest.approx(tasks * ms, rel=0.02)
+    assert host_bound == pytest.approx(tasks * ms, rel=0.02)
+    # Equal streams overlap: about one task longer than either, far from their sum.
+    both = _gpu_step(g, forward=ms, host=ms)
+    assert tasks * ms < both <= (tasks + 1.05) * ms
+    # The runtime's calibrated per-task cost is host work.
+    assert _gpu_step(g, forward=1e-6, host=0.5 * ms, runtime_s=0.5 * ms) == pytest.approx(host_bound, rel=0.02)
+
+
+def test_on_cpu_ranks_a_task_costs_its_kernel_plus_the_runtimes_overhead():
+    from dataclasses import replace
+
+    from autopar.planner.cost.model import Estimate
+    from autopar.planner.ir import single_device
+    from autopar.planner.sim import requires_grad
+
+    class Fixed(CostModel):
+        def task_cost(self, op, degrees, device, input_shapes=None):
+            return Estimate(1e-3, 1e-3, "profile", (5.0, 5.0))   # a host time means nothing here
+
+    g = mlp()
+    topo = get_preset("local:1")
+    cal = replace(default_calibration(topo.devices[0].product, "gloo", 1), fwd_task_s=1e-4, bwd_task_s=1e-4,
+                  optimizer=(("sgd", 0.0, 0.0),))
+    assert not cal.launches_async
+    res, _, _ = simulate_strategy(TaskGraphBuilder(g, topo, Fixed().bind(g), "sgd", runtime=cal), single_device(g))
+    tasks = len(g.ops) + sum(requires_grad(g))
+    assert res.step_time == pytest.approx(tasks * 1.1e-3, rel=0.02)
