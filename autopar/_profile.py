@@ -42,7 +42,7 @@ def run_profile(args) -> int:
         print(file=sys.stderr)
     doc = report.to_dict()
     doc["cache"] = str(path)
-    doc["calibration"] = _calibration(args, cache, workers)
+    doc["calibration"] = _calibration(args, cache, workers, device.type)
     if args.json:
         emit_json(doc)
         return 0
@@ -53,12 +53,13 @@ def run_profile(args) -> int:
     if report.remaining:
         print(f"  {report.remaining} task shapes left unmeasured (--max-tasks); run again to continue")
     cal = doc["calibration"]
-    print(f"calibration of local:{workers} ({cal['status']}): {cal['line']}")
+    where = f"local:{workers}" if device.type == "cpu" else f"{workers} x {report.device_kind}"
+    print(f"calibration of {where} ({cal['status']}): {cal['line']}")
     print(f"cache: {path}")
     return 0
 
 
-def _calibration(args, cache, workers: int) -> dict:
+def _calibration(args, cache, workers: int, device: str = "cpu") -> dict:
     """The runtime calibration of ``local:<workers>`` (`autopar.job.pipeline.ensure_calibration`),
     unless --no-calibrate; what `autopar profile` reports."""
     if getattr(args, "no_calibrate", False):
@@ -69,4 +70,5 @@ def _calibration(args, cache, workers: int) -> dict:
         if not args.json:
             print(f"calibrating local:{workers}: {message}", file=sys.stderr, flush=True)
 
-    return ensure_calibration(cache, workers, recalibrate=getattr(args, "recalibrate", False), progress=progress)
+    return ensure_calibration(cache, workers, recalibrate=getattr(args, "recalibrate", False), progress=progress,
+                              device=device)

@@ -161,14 +161,17 @@ def profile(prepared: Prepared, cache, *, recalibrate: bool = False, repeats: in
             on_message: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Measure, on this machine, what the plans of this job need and the cache lacks: op times for
     every degree choice on the local devices, and the runtime calibration of ``local:N``
-    (skipped when the cache has both).  Returns what was done."""
+    (skipped when the cache has both).  Returns what was done.
+
+    On the CPU even where the machine has a GPU: ``--local`` trains on gloo worker ranks, and
+    ``local:N`` keys its op times by the CPU product (a GPU's times would be stored under the GPU's
+    product and never read by this plan)."""
     import torch
 
     from autopar.planner.cost import profile_local
     t0 = time.perf_counter()
     report = profile_local([prepared.job.spec.model.name], workers=prepared.world, options=prepared.options,
-                           cache=cache, repeats=repeats, warmup=warmup,
-                           device=torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"),
+                           cache=cache, repeats=repeats, warmup=warmup, device=torch.device("cpu"),
                            progress=(lambda _m, i, n, op: on_task(i, n, op)) if on_task else None)
     calibration = ensure_calibration(cache, prepared.world, recalibrate=recalibrate, progress=on_message)
     return {"measured": len(report.measured), "cached": report.cached, "skipped": len(report.skipped),
@@ -177,20 +180,20 @@ def profile(prepared: Prepared, cache, *, recalibrate: bool = False, repeats: in
 
 
 def ensure_calibration(cache, workers: int, *, recalibrate: bool = False,
-                       progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """The runtime calibration of ``local:<workers>`` (trainer.calibrate): kept when the cache has it,
-    measured (about 30 s) and saved otherwise, or with `recalibrate`."""
-    from autopar.planner.hardware import get_preset
-    from autopar.trainer.calibrate import BACKEND, calibrate, summary, summary_line
+                       progress: Callable[[str], None] | None = None, device: str = "cpu") -> dict[str, Any]:
+    """The runtime calibration of `workers` local ranks on `device` (trainer.calibrate; ``cpu``:
+    the ``local:<workers>`` preset's gloo ranks, ``cuda``: NCCL ranks on this machine's GPUs): kept
+    when the cache has it, measured (about 30 s) and saved otherwise, or with `recalibrate`."""
+    from autopar.trainer.calibrate import calibrate, calibration_target, summary, summary_line
 
-    product = get_preset(f"local:{workers}").devices[0].product
-    existing = cache.calibration(product, BACKEND, workers)
+    product, backend = calibration_target(workers, device)
+    existing = cache.calibration(product, backend, workers)
     if existing is not None and not recalibrate:
         when = dict(existing.details).get("date", "?")
         return {"status": "kept", "line": f"{summary_line(existing)} (measured {when}; --recalibrate to measure again)",
                 **summary(existing)}
     t0 = time.perf_counter()
-    cal = calibrate(workers, progress=progress)
+    cal = calibrate(workers, progress=progress, device=device)
     cache.put_calibration(cal)
     cache.save()
     return {"status": "measured", "line": summary_line(cal), **summary(cal),

@@ -139,9 +139,12 @@ from torch import nn
 
 from autopar.planner.cost import STAGING_PARTS, Curve, RuntimeCalibration, default_calibration
 
+from .errors import TrainerConfigError
 from .launch import run_local
 
 BACKEND = "gloo"
+#: The backend of a calibration on CUDA devices (`calibrate(..., device="cuda")`).
+GPU_BACKEND = "nccl"
 FULL_SIZES = (4,) + tuple(1 << (10 + 2 * k) for k in range(8))     # 4 B, 1 KiB, 4 KiB, ..., 16 MiB
 QUICK_SIZES = (4, 16 << 10, 1 << 20, 16 << 20)
 #: Seconds the sender computes after issuing its send (module docstring, 1.).
@@ -238,18 +241,30 @@ def _busy(seconds: float, a: torch.Tensor) -> None:
         torch.mm(a, a)
 
 
-def _comm_rank(rank: int, world: int, cfg: Settings) -> dict | None:
+def _device(kind: str, rank: int) -> torch.device:
+    """The rank's device: the CPU, or CUDA device `rank` (made current, as the trainer does)."""
+    from .launch import rank_device
+    return rank_device(kind, rank)
+
+
+def _sync(device: torch.device) -> None:
+    """Wait for the device's queued kernels (CUDA), so that a host timer spans them too."""
+    if device.type == "cuda":  # pragma: no cover - needs a GPU
+        torch.cuda.synchronize(device)
+
+
+def _comm_rank(rank: int, world: int, cfg: Settings, kind: str = "cpu") -> dict | None:
     from .comm import exchange_many, wait_all
 
-    device = torch.device("cpu")
-    a = torch.randn(128, 128)
+    device = _device(kind, rank)
+    a = torch.randn(128, 128)   # the sender's host work (CPU), whatever the device
     groups = {r: dist.new_group(list(range(r))) for r in range(2, world + 1)}   # same order on every rank
     dist.barrier()
     # Point to point, rank 0 -> rank 1; the others only join the barriers.
     p2p: dict[int, list[float]] = {}
     for size in cfg.sizes:
         n = max(1, size // 4)
-        send = torch.randn(n) if rank == 0 else None
+        send = torch.randn(n, device=device) if rank == 0 else None
         waits = []
         for rep in range(cfg.warmup_reps + cfg.p2p_reps):
             dist.barrier()
@@ -261,6 +276,7 @@ def _comm_rank(rank: int, world: int, cfg: Settings) -> dict | None:
             elif rank == 1:
                 t0 = time.perf_counter()
                 exchange_many({}, {(0, 0): (n, torch.float32)}, device, [])
+                _sync(device)
                 if rep >= cfg.warmup_reps:
                     waits.append(time.perf_counter() - t0)
         p2p[size] = waits
@@ -269,25 +285,26 @@ def _comm_rank(rank: int, world: int, cfg: Settings) -> dict | None:
     layout: list[tuple[int, int]] = []
     for r, group in groups.items():
         for size in cfg.sizes:
-            t = torch.randn(max(1, size // 4))
+            t = torch.randn(max(1, size // 4), device=device)
             for rep in range(cfg.warmup_reps + cfg.allreduce_reps):
                 dist.barrier()
                 if rank < r:
                     t0 = time.perf_counter()
                     dist.all_reduce(t, group=group)
+                    _sync(device)
                     dt = time.perf_counter() - t0
                 else:
                     dt = 0.0
                 if rep >= cfg.warmup_reps:
                     mine.append(dt)
                     layout.append((r, size))
-    every = [torch.zeros(len(mine), dtype=torch.float64) for _ in range(world)]
-    dist.all_gather(every, torch.tensor(mine, dtype=torch.float64))
+    every = [torch.zeros(len(mine), dtype=torch.float64, device=device) for _ in range(world)]
+    dist.all_gather(every, torch.tensor(mine, dtype=torch.float64, device=device))
     p2p_all = [None] * world
     dist.all_gather_object(p2p_all, p2p)
     if rank != 0:
         return None
-    worst = torch.stack(every).max(dim=0).values.tolist()
+    worst = torch.stack(every).max(dim=0).values.cpu().tolist()
     allreduce: dict[int, dict[int, list[float]]] = {}
     for (r, size), s in zip(layout, worst):
         allreduce.setdefault(r, {}).setdefault(size, []).append(s)
@@ -352,28 +369,33 @@ def _job(kind: str, k: int, placement: Callable[[int], int] | None):
     return Job(cfg, spec, graph, strategy)
 
 
-def _timed_passes(rt) -> list[float]:
+def _timed_passes(rt, device: torch.device | None = None) -> list[float]:
     """Wrap the runtime's forward and backward passes with wall timers; returns [fwd, bwd] seconds
-    of the last step, updated in place."""
+    of the last step, updated in place.  On a GPU each pass starts and ends with the device idle."""
     last = [0.0, 0.0]
     fwd, bwd = rt._forward, rt._backward
+    device = device or torch.device("cpu")
 
     def timed_fwd(*a):
+        _sync(device)
         t0 = time.perf_counter()
         out = fwd(*a)
+        _sync(device)
         last[0] = time.perf_counter() - t0
         return out
 
     def timed_bwd(*a):
+        _sync(device)
         t0 = time.perf_counter()
         out = bwd(*a)
+        _sync(device)
         last[1] = time.perf_counter() - t0
         return out
     rt._forward, rt._backward = timed_fwd, timed_bwd
     return last
 
 
-def _kernel_sums(job, repeats: int, memo: dict) -> dict[str, float]:
+def _kernel_sums(job, repeats: int, memo: dict, device: torch.device | None = None) -> dict[str, float]:
     """The kernel times of the job's single-device tasks, measured warm by the profiler's own
     `measure_task` (its engine start-up taken off the backward, as `autopar profile` does), and
     the counts of forward and backward tasks the simulator charges (`planner.sim.trainer_model`).
@@ -382,48 +404,55 @@ def _kernel_sums(job, repeats: int, memo: dict) -> dict[str, float]:
     from autopar.planner.sim import requires_grad
 
     graph = job.graph
-    cpu = torch.device("cpu")
+    device = device or torch.device("cpu")
     if "engine" not in memo:
-        memo["engine"] = engine_overhead(cpu)
+        memo["engine"] = engine_overhead(device)
     warm = {"cold": False}   # the chains' tiny tensors stay in cache during their steps
     grads = requires_grad(graph)
-    fwd = bwd = 0.0
+    fwd = bwd = fwd_host = bwd_host = 0.0
     for op, grad in zip(graph.ops, grads):
         if not op.inputs:
             continue
         degrees = (1,) * len(op.pardims)
         key = task_key(op, degrees, "calibration", graph_input_shapes(graph, op))
         if key not in memo:
-            memo[key] = measure_task(graph, op, degrees, cpu, repeats=repeats, warmup=5, module=job.spec.module,
-                                     overhead=memo["engine"], **warm)
-        f, b = memo[key]
+            host: list[float] = []
+            f, b = measure_task(graph, op, degrees, device, repeats=repeats, warmup=5, module=job.spec.module,
+                                overhead=memo["engine"], host=host, **warm)
+            memo[key] = (f, b, *(host if len(host) == 2 else (0.0, 0.0)))
+        f, b, hf, hb = memo[key]
         fwd += f
         bwd += b if grad else 0.0
-    return {"fwd_kernels": fwd, "bwd_kernels": bwd, "fwd_tasks": len(graph.ops), "bwd_tasks": sum(grads)}
+        fwd_host += hf
+        bwd_host += hb if grad else 0.0
+    # On a GPU also the host's seconds issuing the kernels (`planner.cost.measure_task`); 0 on a CPU.
+    return {"fwd_kernels": fwd, "bwd_kernels": bwd, "fwd_host": fwd_host, "bwd_host": bwd_host,
+            "fwd_tasks": len(graph.ops), "bwd_tasks": sum(grads)}
 
 
-def _overhead_rank(rank: int, world: int, cfg: Settings) -> dict:
-    """One rank: the chains single-device (fused as the runtime fuses them, then unfused), and the
-    optimizer steps."""
+def _overhead_rank(rank: int, world: int, cfg: Settings, kind: str = "cpu") -> dict:
+    """One rank: the chains single-device (fused as the runtime fuses them, then unfused).  On a
+    GPU the passes' wall times end with the device done (`_timed_passes`)."""
     from . import runtime as rt_mod
     from .comm import ProcessGroups
     from .session import Trainer
 
+    device = _device(kind, rank)
     rows = []
     memo: dict = {}
     fusable = rt_mod.Runtime._fusable
     for kind in ("elementwise", "linear"):
         for k in cfg.chain_lengths:
             job = _job(kind, k, None)
-            row = {"model": job.graph.name, **_kernel_sums(job, cfg.profile_repeats, memo)}
+            row = {"model": job.graph.name, **_kernel_sums(job, cfg.profile_repeats, memo, device)}
             for fused in (True, False):
                 if not fused:
                     rt_mod.Runtime._fusable = lambda self, rv, views: False
                 try:
-                    tr = Trainer(job, rank, world, ProcessGroups())
+                    tr = Trainer(job, rank, world, ProcessGroups(), device)
                 finally:
                     rt_mod.Runtime._fusable = fusable
-                last = _timed_passes(tr.runtime)
+                last = _timed_passes(tr.runtime, device)
                 walls, phases = [], []
                 for s in range(cfg.warmup_steps + cfg.steps):
                     tr.forward_backward(s)
@@ -439,9 +468,10 @@ def _overhead_rank(rank: int, world: int, cfg: Settings) -> dict:
     return {"chains": rows}
 
 
-def _optimizer_rank(rank: int, world: int, cfg: Settings) -> dict[str, list[tuple[int, float, float]]]:
+def _optimizer_rank(rank: int, world: int, cfg: Settings,
+                    kind: str = "cpu") -> dict[str, list[tuple[int, float, float]]]:
     """One rank's optimizer samples (`_optimizer_in_steps`)."""
-    return _optimizer_in_steps(rank, world, cfg)
+    return _optimizer_in_steps(rank, world, cfg, _device(kind, rank))
 
 
 def optimizer_job(name: str, tensors: int, nbytes: int, world: int):
@@ -465,7 +495,8 @@ def optimizer_job(name: str, tensors: int, nbytes: int, world: int):
     return Job(cfg, spec, graph, strategy)
 
 
-def _optimizer_in_steps(rank: int, world: int, cfg: Settings) -> dict[str, list[tuple[int, float, float]]]:
+def _optimizer_in_steps(rank: int, world: int, cfg: Settings,
+                        device: torch.device | None = None) -> dict[str, list[tuple[int, float, float]]]:
     """(tensors, bytes, median seconds) of the trainer's ``optimizer step`` phase inside real
     training steps (`optimizer_job`), per optimizer and case.
 
@@ -475,18 +506,20 @@ def _optimizer_in_steps(rank: int, world: int, cfg: Settings) -> dict[str, list[
     over 20 MiB of an RNN's parameters 6.9 ms alone (caches evicted) and 8.8-9.1 ms in its steps,
     and 10 MiB of a model-parallel shard 3.8 ms against 5.0-5.3 ms; the calibration measured
     alone predicted 6.0 and 3.1 ms.  So the optimizer is timed where it runs: in the steps of the
-    trainer itself."""
+    trainer itself.  On a GPU the step is timed from an idle device to the end of its kernels (the
+    phase timer sees only their launches)."""
     from .comm import ProcessGroups
     from .session import Trainer
 
     from autopar.planner.cost import last_level_cache_bytes
 
     # what the rest of a step does to the caches: more traffic than the last level holds
-    flush_buffer = torch.zeros(min(FLUSH_CAP_BYTES, max(64 << 20, last_level_cache_bytes())) // 4)
+    device = device or torch.device("cpu")
+    flush_buffer = torch.zeros(min(FLUSH_CAP_BYTES, max(64 << 20, last_level_cache_bytes())) // 4, device=device)
     out: dict[str, list[tuple[int, float, float]]] = {}
     for name in ("sgd", "adam"):
         for tensors, nbytes in cfg.optimizer_cases:
-            tr = Trainer(optimizer_job(name, tensors, nbytes, world), rank, world, ProcessGroups())
+            tr = Trainer(optimizer_job(name, tensors, nbytes, world), rank, world, ProcessGroups(), device)
             mine = tr.runtime.parameters()
             times = []
             for s in range(2 + cfg.optimizer_repeats):
@@ -496,9 +529,13 @@ def _optimizer_in_steps(rank: int, world: int, cfg: Settings) -> dict[str, list[
                 flush_buffer.add_(1.0)
                 if world > 1:
                     dist.barrier()
+                _sync(device)
+                t0 = time.perf_counter()
                 tr.optimizer_step()
+                _sync(device)
                 if s >= 2:
-                    times.append(tr.runtime.phases["optimizer step"])
+                    times.append(tr.runtime.phases["optimizer step"] if device.type == "cpu"
+                                 else time.perf_counter() - t0)
             out.setdefault(name, []).append((len(mine), float(_nbytes(mine)),
                                              statistics.median(times)))
             del tr, mine
@@ -551,29 +588,55 @@ def _stats(xs: Sequence[float]) -> dict[str, float]:
             "p90": s[min(len(s) - 1, int(math.ceil(0.9 * len(s))) - 1)], "n": len(s)}
 
 
-def calibrate(world: int, *, quick: bool = False, progress: Callable[[str], None] | None = None) -> RuntimeCalibration:
-    """Measure the `RuntimeCalibration` of `world` local gloo ranks (module docstring).
+def calibration_target(world: int, device: str = "cpu") -> tuple[str, str]:
+    """(device product, backend) that `calibrate(world, device=device)` measures and keys its
+    result by: the ``local`` preset's CPU product and gloo, or this machine's GPU product
+    (`planner.cost.device_kind_of`) and NCCL.  Raises `TrainerConfigError` where this machine
+    cannot run it."""
+    kind = torch.device(device).type
+    if kind == "cpu":
+        from autopar.planner.hardware import get_preset
+        return get_preset(f"local:{world}").devices[0].product, BACKEND
+    if kind != "cuda":
+        raise TrainerConfigError(f"calibrate measures cpu or cuda ranks, not {device!r}")
+    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if have < world:
+        raise TrainerConfigError(f"calibrating {world} CUDA rank(s) needs {world} GPU(s), one per rank; torch sees {have} "
+                         "on this machine: calibrate fewer ranks, or on the CPU (device cpu)")
+    from autopar.planner.cost import device_kind_of   # pragma: no cover - needs a GPU
+    return device_kind_of(torch.device("cuda", 0)), GPU_BACKEND   # pragma: no cover - needs a GPU
 
-    `progress(message)` is called before each stage.  About 40 s on 2 ranks of this machine
-    (``quick``: about 15 s)."""
-    from autopar.planner.hardware import get_preset
 
+def calibrate(world: int, *, quick: bool = False, progress: Callable[[str], None] | None = None,
+              device: str = "cpu") -> RuntimeCalibration:
+    """Measure the `RuntimeCalibration` of `world` local ranks (module docstring): gloo ranks on
+    the CPU, or with ``device="cuda"`` NCCL ranks on this machine's GPUs, one each.
+
+    `progress(message)` is called before each stage.  About 40 s on 2 CPU ranks of this machine
+    (``quick``: about 15 s).  On GPUs, stages 1, 2, 3 and 5 run the same code on the ranks'
+    devices; the per-op overheads are the runtime's host work beyond the host's issuing of the
+    kernels (`planner.sim.trainer_model.gpu_op_plan`).  The exchange, in-situ and message-batch
+    stages measure gloo's behaviour on shared cores and keep the defaults there
+    (``details["not_measured"]``)."""
     if world < 1:
         raise ValueError(f"calibrate needs at least one rank, got world={world}")
+    product, backend = calibration_target(world, device)
+    kind = torch.device(device).type
+    gpu = kind == "cuda"
     cfg = settings(quick)
     say = progress or (lambda _m: None)
-    product = get_preset(f"local:{world}").devices[0].product
-    fallback = default_calibration(product, BACKEND, world)
+    fallback = default_calibration(product, backend, world)
     t_all = time.perf_counter()
     details: dict[str, Any] = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                                "torch": torch.__version__, "cpu_count": os.cpu_count(), "quick": quick,
-                               "sizes": list(cfg.sizes), "threads_per_rank": 1, "sender_busy_s": BUSY_S}
+                               "sizes": list(cfg.sizes), "threads_per_rank": None if gpu else 1,
+                               "sender_busy_s": BUSY_S, "device": kind}
     not_measured = []
 
     # 1. and 2.
     if world >= 2:
-        say(f"point to point and all-reduce on {world} gloo ranks ({len(cfg.sizes)} sizes)")
-        comm = run_local(_comm_rank, world, (cfg,))[0]
+        say(f"point to point and all-reduce on {world} {backend} ranks ({len(cfg.sizes)} sizes)")
+        comm = run_local(_comm_rank, world, (cfg, kind), backend=backend)[0]
         p2p_stats = {size: _stats(w) for size, w in sorted(comm["p2p"].items())}
         p2p = Curve.fit((size, st["mean"]) for size, st in p2p_stats.items())
         details["p2p_repetitions"] = cfg.p2p_reps
@@ -598,16 +661,20 @@ def calibrate(world: int, *, quick: bool = False, progress: Callable[[str], None
 
     # 3. and 5.
     say("per-op overheads of the runtime on one rank")
-    res = run_local(_overhead_rank, 1, (cfg,))[0]
+    res = run_local(_overhead_rank, 1, (cfg, kind), backend=backend)[0]
     say(f"optimizer steps on {world} rank(s) at once")
-    per_rank = run_local(_optimizer_rank, world, (cfg,))
+    per_rank = run_local(_optimizer_rank, world, (cfg, kind), backend=backend)
     res["optimizer"] = {name: [(t, b, statistics.median(r[name][k][2] for r in per_rank))
                                for k, (t, b, _) in enumerate(samples)]
                         for name, samples in per_rank[0].items()}
     chains = res["chains"]
-    fwd_task_s, fwd_step_s = fit_intercept([(c["fwd_tasks"], c["fwd_wall"] - c["fwd_kernels"]) for c in chains])
-    bwd_task_s, bwd_step_s = fit_intercept([(c["bwd_tasks"], c["bwd_wall"] - c["bwd_kernels"]) for c in chains])
-    unfused_s, _ = fit_intercept([(c["bwd_tasks"], c["unfused_bwd_wall"] - c["bwd_kernels"]) for c in chains])
+    # On a CPU rank the runtime's cost adds to the kernels it runs.  On a GPU the host issues
+    # kernels that run behind it, and a chain of tiny ops is paced by the host alone: the runtime's
+    # cost adds to the host's issuing (`planner.sim.trainer_model.gpu_op_plan`).
+    part = "host" if gpu else "kernels"
+    fwd_task_s, fwd_step_s = fit_intercept([(c["fwd_tasks"], c["fwd_wall"] - c[f"fwd_{part}"]) for c in chains])
+    bwd_task_s, bwd_step_s = fit_intercept([(c["bwd_tasks"], c["bwd_wall"] - c[f"bwd_{part}"]) for c in chains])
+    unfused_s, _ = fit_intercept([(c["bwd_tasks"], c["unfused_bwd_wall"] - c[f"bwd_{part}"]) for c in chains])
     fwd_phase_s, _ = fit_intercept([(c["fwd_tasks"], c["fwd_phase"] - c["fwd_kernels"]) for c in chains])
     bwd_phase_s, _ = fit_intercept([(c["bwd_tasks"], c["bwd_phase"] - c["bwd_kernels"]) for c in chains])
     details["overhead_chains"] = chains
@@ -620,7 +687,7 @@ def calibrate(world: int, *, quick: bool = False, progress: Callable[[str], None
     details["optimizer_samples"] = {name: [list(s) for s in samples] for name, samples in res["optimizer"].items()}
 
     # 4.
-    if world >= 2:
+    if world >= 2 and not gpu:
         say("exchange overhead on 2 ranks (chains on alternating ranks)")
         per_rank = run_local(_exchange_rank, 2, (cfg,))
         per_call = []
@@ -633,13 +700,16 @@ def calibrate(world: int, *, quick: bool = False, progress: Callable[[str], None
     else:
         exchange_s = fallback.exchange_s
         not_measured.append("exchange_s")
-    cal = RuntimeCalibration(product=product, backend=BACKEND, world=world, fwd_task_s=fwd_task_s,
+    cal = RuntimeCalibration(product=product, backend=backend, world=world, fwd_task_s=fwd_task_s,
                              bwd_task_s=bwd_task_s, exchange_s=exchange_s, p2p=p2p, allreduce=tuple(allreduce),
-                             optimizer=tuple(optimizer), comm_uses_cores=(os.cpu_count() or 1) < 2 * world,
+                             optimizer=tuple(optimizer),
+                             comm_uses_cores=not gpu and (os.cpu_count() or 1) < 2 * world,
                              source="measured", wire=wire, details=())
 
     # 6. and 8.
-    if world >= 2:
+    if world >= 2 and gpu:  # pragma: no cover - needs GPUs
+        not_measured += ["staging", "in_situ", "message_serial_s"]
+    elif world >= 2:
         say(f"messages inside training steps (a model-parallel chain on {world} ranks, "
             f"{len(IN_SITU_BATCHES)} message sizes)")
         in_situ = run_local(_in_situ_rank, world, (cfg,))

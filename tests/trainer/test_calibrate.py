@@ -137,3 +137,16 @@ def test_staging_curves_are_seconds_per_call_at_each_message_size():
         assert curve(16) == curve(1024)              # smaller messages cost what the smallest did
     with pytest.raises(ValueError, match="staged no forward send"):
         staging_curves([{b: {"staging": [[(0.0, 0, 0)] * 4]} for b in IN_SITU_BATCHES}])
+
+
+def test_the_calibration_target_names_product_and_backend_and_refuses_what_this_machine_lacks():
+    import torch
+
+    from autopar.trainer.calibrate import calibration_target
+    from autopar.trainer.errors import TrainerConfigError
+    assert calibration_target(2) == ("CPU-core", "gloo")
+    with pytest.raises(TrainerConfigError, match="cpu or cuda"):
+        calibration_target(1, "meta")
+    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    with pytest.raises(TrainerConfigError, match=f"needs {have + 1} GPU"):
+        calibration_target(have + 1, "cuda")
