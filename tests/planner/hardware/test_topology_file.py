@@ -288,6 +288,7 @@ def test_resolve_explains_unknown_names(spec, words):
     ("a100-2node.yaml", 16, 2, {"nvswitch", "pcie", "infiniband"}),
     ("v100-2node-ethernet.yaml", 4, 2, {"nvlink", "pcie", "ethernet"}),
     ("l4-workstation.yaml", 2, 1, {"pcie"}),
+    ("one-h100.yaml", 1, 1, set()),
 ])
 def test_example_topologies_load_and_round_trip(name, devices, nodes, links, tmp_path):
     topo = load_topology(EXAMPLES / name)
@@ -297,7 +298,14 @@ def test_example_topologies_load_and_round_trip(name, devices, nodes, links, tmp
 
 def test_every_example_topology_is_covered_by_a_test():
     assert {p.name for p in EXAMPLES.glob("*.yaml")} == {"a100-2node.yaml", "v100-2node-ethernet.yaml",
-                                                          "l4-workstation.yaml"}
+                                                          "l4-workstation.yaml", "one-h100.yaml"}
+
+
+def test_the_one_gpu_example_names_the_product_the_profiler_keys_an_h100_by():
+    # `planner.cost.device_kind_of` resolves the driver's name through the catalog the same way
+    from autopar.planner.hardware.catalog import lookup
+    topo = load_topology(EXAMPLES / "one-h100.yaml")
+    assert topo.devices[0].product == lookup("NVIDIA-H100-80GB-HBM3").product == "H100-SXM5-80GB"
 
 
 def test_a100_example_equals_the_dgx_a100x2_preset():
