@@ -117,6 +117,17 @@ threads copy, reduce and drive sockets on the cores the ranks compute on.  Overh
 at 0.  With ``world == 1`` nothing communicates: p2p, all-reduce and ``exchange_s`` are the
 defaults' (`default_calibration`) and ``details["not_measured"]`` says so.
 
+**On GPUs** (``calibrate(world, device="cuda")``, what `autopar profile` runs on a machine with
+CUDA devices): NCCL ranks, one GPU each, and the key's backend is ``nccl``.  Stages 1 and 2 run as
+above with the tensors on the ranks' GPUs, each timer ending when the device is done.  Stage 3
+times the passes from an idle device to the end of its kernels, and the per-task overhead is the
+runtime's host work beyond the host's issuing of the chain ops' kernels (the profiler's host
+times): the simulator runs a GPU as a host stream and a kernel stream
+(`planner.sim.trainer_model.gpu_op_plan`), and this is the host's extra part.  Stage 5 times the
+optimizer step to the end of its kernels.  Stages 4, 6, 7 and 8 measure gloo on shared cores and
+keep the defaults (``details["not_measured"]``).  Run on one NVIDIA H100 (world 1):
+docs/simulation.md, "On a GPU"; the NCCL stages need two GPUs and have not run.
+
 A full calibration of 2 ranks takes about 40 s on this machine (120 repetitions per p2p size and
 60 per all-reduce size, because of the tail).  ``quick=True`` measures fewer sizes (4 B, 16 KiB,
 1 MiB, 16 MiB), a dozen repetitions, two chain lengths and smaller optimizer runs, in about 15 s:
@@ -430,14 +441,14 @@ def _kernel_sums(job, repeats: int, memo: dict, device: torch.device | None = No
             "fwd_tasks": len(graph.ops), "bwd_tasks": sum(grads)}
 
 
-def _overhead_rank(rank: int, world: int, cfg: Settings, kind: str = "cpu") -> dict:
+def _overhead_rank(rank: int, world: int, cfg: Settings, device_kind: str = "cpu") -> dict:
     """One rank: the chains single-device (fused as the runtime fuses them, then unfused).  On a
     GPU the passes' wall times end with the device done (`_timed_passes`)."""
     from . import runtime as rt_mod
     from .comm import ProcessGroups
     from .session import Trainer
 
-    device = _device(kind, rank)
+    device = _device(device_kind, rank)
     rows = []
     memo: dict = {}
     fusable = rt_mod.Runtime._fusable
