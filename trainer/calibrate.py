@@ -123,7 +123,7 @@ above with the tensors on the ranks' GPUs, each timer ending when the device is 
 times the passes from an idle device to the end of its kernels, and the per-task overhead is the
 runtime's host work beyond the host's issuing of the chain ops' kernels (the profiler's host
 times): the simulator runs a GPU as a host stream and a kernel stream
-(`planner.sim.trainer_model.gpu_op_plan`), and this is the host's extra part.  Stage 5 times the
+(`planner.sim.trainer_model.op_plan`), and this is the host's extra part.  Stage 5 times the
 optimizer step to the end of its kernels.  Stages 4, 6, 7 and 8 measure gloo on shared cores and
 keep the defaults (``details["not_measured"]``).  Run on one NVIDIA H100 (world 1):
 docs/simulation.md, "On a GPU"; the NCCL stages need two GPUs and have not run.
@@ -626,7 +626,7 @@ def calibrate(world: int, *, quick: bool = False, progress: Callable[[str], None
     `progress(message)` is called before each stage.  About 40 s on 2 CPU ranks of this machine
     (``quick``: about 15 s).  On GPUs, stages 1, 2, 3 and 5 run the same code on the ranks'
     devices; the per-op overheads are the runtime's host work beyond the host's issuing of the
-    kernels (`planner.sim.trainer_model.gpu_op_plan`).  The exchange, in-situ and message-batch
+    kernels (`planner.sim.trainer_model.op_plan`).  The exchange, in-situ and message-batch
     stages measure gloo's behaviour on shared cores and keep the defaults there
     (``details["not_measured"]``)."""
     if world < 1:
@@ -681,7 +681,7 @@ def calibrate(world: int, *, quick: bool = False, progress: Callable[[str], None
     chains = res["chains"]
     # On a CPU rank the runtime's cost adds to the kernels it runs.  On a GPU the host issues
     # kernels that run behind it, and a chain of tiny ops is paced by the host alone: the runtime's
-    # cost adds to the host's issuing (`planner.sim.trainer_model.gpu_op_plan`).
+    # cost adds to the host's issuing (`planner.sim.trainer_model.op_plan`).
     part = "host" if gpu else "kernels"
     fwd_task_s, fwd_step_s = fit_intercept([(c["fwd_tasks"], c["fwd_wall"] - c[f"fwd_{part}"]) for c in chains])
     bwd_task_s, bwd_step_s = fit_intercept([(c["bwd_tasks"], c["bwd_wall"] - c[f"bwd_{part}"]) for c in chains])

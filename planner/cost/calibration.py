@@ -158,7 +158,7 @@ class RuntimeCalibration:
     def launches_async(self) -> bool:
         """Whether the device runs kernels behind the host that issues them (CUDA, ``nccl``): the
         simulator then gives each task a host part and a device part on two streams
-        (`planner.sim.trainer_model.gpu_op_plan`); on CPU ranks the host runs the kernels itself."""
+        (`planner.sim.trainer_model.op_plan`); on CPU ranks the host runs the kernels itself."""
         return self.backend == "nccl"
 
     def allreduce_time(self, nbytes: float, group: int) -> float:

@@ -55,7 +55,7 @@ CUDA two numbers per call (`_cuda_times`): the kernels' seconds on the device, f
 host has queued every call before the first runs (events on an idle GPU count the host's launch
 latency as kernel time: on an H100 the calibration's 4 us ``tanh`` kernels read as 24 us); and
 the host's seconds issuing them, each call timed alone between synchronizations.  The simulator
-runs the two on two streams (`planner.sim.trainer_model.gpu_op_plan`).  Run on an NVIDIA H100
+runs the two on two streams (`planner.sim.trainer_model.op_plan`).  Run on an NVIDIA H100
 (docs/simulation.md, "On a GPU").  The local CPU workers of the `local` preset run one thread each, so
 `profile_local` pins torch to one thread while it measures.
 """

@@ -24,7 +24,7 @@ What the trainer does, and how it is modelled:
   program waiting for its part.
 * **Overheads.**  Each forward and backward task costs the calibrated per-task overhead on top
   of its kernel time (`planner.cost.calibration`).  On GPUs, whose kernels run behind the host
-  that issues them, each task is a host part and a device part on two streams (`gpu_op_plan`).
+  that issues them, each task is a host part and a device part on two streams (`op_plan`).
 * **Gradient synchronization** in buckets (`planner.sim.buckets`, the trainer's own plan): a
   bucket's all-reduce starts when every rank of its group has passed the bucket's op in the
   backward pass, and lasts the calibrated all-reduce time for its bytes and group size, on the
@@ -200,10 +200,19 @@ def chain_plan(b) -> tuple:
 
 def op_plan(b, i: int, op, cfg) -> tuple:
     """Op `i`'s forward and backward tasks under `cfg` (kernel time plus the calibrated
-    overhead), and their place in every device's program; on GPUs `gpu_op_plan`."""
+    overhead), and their place in every device's program.
+
+    On GPUs (`RuntimeCalibration.launches_async`), whose kernels run behind the host that issues
+    them, each task is two on two streams per device: a host part — the profile's host seconds
+    issuing its kernels (`planner.cost.Estimate.host`) plus the calibrated per-task overhead of
+    the runtime — in the device's program chain, and a device part — the kernels' own seconds —
+    on the device, after its host part and in the device's stream order (`stream_arrive`,
+    `stream_back`).  The host runs ahead while the kernels queue, so a step costs the sum of its
+    kernels where they are long and the host's issuing where they are short, as Daydream and
+    Lumos model a GPU step.  (On an H100, a task costing the longer of an event-timed kernel and a
+    calibrated overhead had missed single-device steps by −89 to +23 %: docs/simulation.md.)"""
     rt: RuntimeCalibration = b.runtime
-    if rt.launches_async:
-        return gpu_op_plan(b, i, op, cfg)
+    gpu = rt.launches_async
     n = b.num_ops
     device = b.topology.devices
     shapes = b._in_shapes[op.name]
@@ -217,84 +226,46 @@ def op_plan(b, i: int, op, cfg) -> tuple:
         if est is None:
             est = est_on[dev] = b.cost.task_cost(op, cfg.degrees, device[dev], shapes)
         fk, bk = (0, i, 0, t), (1, n - i, 0, t)
-        tasks.append((fk, dev, est.forward + rt.fwd_task_s, "forward", 0.0, name))
-        back = est.backward + rt.bwd_task_s if grad else MIN_TASK_SECONDS
-        tasks.append((bk, dev, max(back, MIN_TASK_SECONDS), "backward", 0.0, name))
+        if gpu:
+            host_f, host_b = est.host if est.host is not None else (0.0, 0.0)
+            hf, hb = host_task(fk), host_task(bk)
+            back_host = host_b + rt.bwd_task_s if grad else MIN_TASK_SECONDS
+            tasks += [(hf, _CHAIN_BASE + dev, max(host_f + rt.fwd_task_s, MIN_TASK_SECONDS), "overhead", 0.0, name),
+                      (fk, dev, max(est.forward, MIN_TASK_SECONDS), "forward", 0.0, name),
+                      (hb, _CHAIN_BASE + dev, max(back_host, MIN_TASK_SECONDS), "overhead", 0.0, name),
+                      (bk, dev, max(est.backward if grad else 0.0, MIN_TASK_SECONDS), "backward", 0.0, name)]
+            edges += [(hf, fk), (hb, bk)]
+            keys += (hf, hb)
+        else:
+            back = est.backward + rt.bwd_task_s if grad else MIN_TASK_SECONDS
+            tasks += [(fk, dev, est.forward + rt.fwd_task_s, "forward", 0.0, name),
+                      (bk, dev, max(back, MIN_TASK_SECONDS), "backward", 0.0, name)]
         edges.append((fk, bk))
         keys += (fk, bk)
         on.setdefault(dev, []).append(t)
+    program = host_task if gpu else (lambda key: key)   # what a device's program chain runs
     for d in range(b.num_devices):
         ts = on.get(d)
         if ts:
-            fwd = [inputs_in(i, d)] + [(0, i, 0, t) for t in ts] + [arrive(i + 1, d)]
-            bwd = [back_arrive(n, i, d)] + [(1, n - i, 0, t) for t in ts] + [grads_out(n, i, d)]
+            chains = [[inputs_in(i, d)] + [program((0, i, 0, t)) for t in ts] + [arrive(i + 1, d)],
+                      [back_arrive(n, i, d)] + [program((1, n - i, 0, t)) for t in ts] + [grads_out(n, i, d)]]
+            if gpu:
+                chains += [[stream_arrive(i, d)] + [(0, i, 0, t) for t in ts] + [stream_arrive(i + 1, d)],
+                           [stream_back(n, i, d)] + [(1, n - i, 0, t) for t in ts] + [stream_back(n, i - 1, d)]]
         else:
             p, q = _pass(i, d), _back_pass(n, i, d)
             tasks.append((p, _CHAIN_BASE + d, MIN_TASK_SECONDS, "barrier", 0.0, name))
             tasks.append((q, _CHAIN_BASE + d, MIN_TASK_SECONDS, "barrier", 0.0, name))
             keys += (p, q)
-            fwd = [inputs_in(i, d), p, arrive(i + 1, d)]
-            bwd = [back_arrive(n, i, d), q, grads_out(n, i, d)]
-        edges += zip(fwd, fwd[1:])
-        edges += zip(bwd, bwd[1:])
-    return tasks, edges, tuple(keys)
-
-
-def gpu_op_plan(b, i: int, op, cfg) -> tuple:
-    """Op `i` on GPUs, whose kernels run behind the host that issues them: two streams per device.
-
-    Each task is a host part — the profile's host seconds issuing its kernels
-    (`planner.cost.Estimate.host`) plus the calibrated per-task overhead of the runtime — in the
-    device's program chain, and a device part — the kernels' own seconds — on the device, after
-    its host part and in the device's stream order (`stream_arrive`, `stream_back`).  The host
-    runs ahead while the kernels queue, so a step costs the sum of its kernels where they are long
-    and the host's issuing where they are short, op by op, as a real step does (Daydream and
-    Lumos model a GPU step as these two dependent streams; a task that only took the longer of
-    the two overpredicted rnnlm on an H100 by 23 %, adding them underpredicted small models)."""
-    rt: RuntimeCalibration = b.runtime
-    n = b.num_ops
-    device = b.topology.devices
-    shapes = b._in_shapes[op.name]
-    grad = b._requires_grad[i]
-    name = op.name
-    est_on: dict = {}
-    tasks, edges, keys = [], [], []
-    on: dict[int, list[int]] = {}
-    for t, dev in enumerate(cfg.devices):
-        est = est_on.get(dev)
-        if est is None:
-            est = est_on[dev] = b.cost.task_cost(op, cfg.degrees, device[dev], shapes)
-        host_f, host_b = est.host if est.host is not None else (0.0, 0.0)
-        fk, bk = (0, i, 0, t), (1, n - i, 0, t)
-        hf, hb = host_task(fk), host_task(bk)
-        tasks.append((hf, _CHAIN_BASE + dev, max(host_f + rt.fwd_task_s, MIN_TASK_SECONDS), "overhead", 0.0, name))
-        tasks.append((fk, dev, max(est.forward, MIN_TASK_SECONDS), "forward", 0.0, name))
-        back_host = host_b + rt.bwd_task_s if grad else MIN_TASK_SECONDS
-        tasks.append((hb, _CHAIN_BASE + dev, max(back_host, MIN_TASK_SECONDS), "overhead", 0.0, name))
-        tasks.append((bk, dev, max(est.backward if grad else 0.0, MIN_TASK_SECONDS), "backward", 0.0, name))
-        edges += [(fk, bk), (hf, fk), (hb, bk)]
-        keys += (hf, fk, hb, bk)
-        on.setdefault(dev, []).append(t)
-    for d in range(b.num_devices):
-        ts = on.get(d)
-        if ts:
-            fwd = [inputs_in(i, d)] + [host_task((0, i, 0, t)) for t in ts] + [arrive(i + 1, d)]
-            bwd = [back_arrive(n, i, d)] + [host_task((1, n - i, 0, t)) for t in ts] + [grads_out(n, i, d)]
-            sfwd = [stream_arrive(i, d)] + [(0, i, 0, t) for t in ts] + [stream_arrive(i + 1, d)]
-            sbwd = [stream_back(n, i, d)] + [(1, n - i, 0, t) for t in ts] + [stream_back(n, i - 1, d)]
-        else:
-            p, q = _pass(i, d), _back_pass(n, i, d)
-            sp, sq = _stream_pass(i, d), _stream_back_pass(n, i, d)
-            tasks.append((p, _CHAIN_BASE + d, MIN_TASK_SECONDS, "barrier", 0.0, name))
-            tasks.append((q, _CHAIN_BASE + d, MIN_TASK_SECONDS, "barrier", 0.0, name))
-            tasks.append((sp, _STREAM_BASE + d, MIN_TASK_SECONDS, "barrier", 0.0, name))
-            tasks.append((sq, _STREAM_BASE + d, MIN_TASK_SECONDS, "barrier", 0.0, name))
-            keys += (p, q, sp, sq)
-            fwd = [inputs_in(i, d), p, arrive(i + 1, d)]
-            bwd = [back_arrive(n, i, d), q, grads_out(n, i, d)]
-            sfwd = [stream_arrive(i, d), sp, stream_arrive(i + 1, d)]
-            sbwd = [stream_back(n, i, d), sq, stream_back(n, i - 1, d)]
-        for chain in (fwd, bwd, sfwd, sbwd):
+            chains = [[inputs_in(i, d), p, arrive(i + 1, d)], [back_arrive(n, i, d), q, grads_out(n, i, d)]]
+            if gpu:
+                sp, sq = _stream_pass(i, d), _stream_back_pass(n, i, d)
+                tasks.append((sp, _STREAM_BASE + d, MIN_TASK_SECONDS, "barrier", 0.0, name))
+                tasks.append((sq, _STREAM_BASE + d, MIN_TASK_SECONDS, "barrier", 0.0, name))
+                keys += (sp, sq)
+                chains += [[stream_arrive(i, d), sp, stream_arrive(i + 1, d)],
+                           [stream_back(n, i, d), sq, stream_back(n, i - 1, d)]]
+        for chain in chains:
             edges += zip(chain, chain[1:])
     return tasks, edges, tuple(keys)
 

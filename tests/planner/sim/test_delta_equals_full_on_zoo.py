@@ -35,7 +35,7 @@ SMALL = {
 }
 # FlexFlow's idealized runtime on GPU presets; the trainer's model (program order, exchanges,
 # buckets; `planner.sim.trainer_model`) on local CPU ranks, and on GPUs with a measured NCCL
-# calibration ("+nccl": host and kernel streams, `trainer_model.gpu_op_plan`).
+# calibration ("+nccl": host and kernel streams, `trainer_model.op_plan`).
 TOPOLOGIES = ["p100-1x4", "k80-2x2", "local:2", "local:3", "p100-1x4+nccl"]
 
 
