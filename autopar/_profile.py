@@ -26,6 +26,9 @@ def run_profile(args) -> int:
     if cache.notice:
         print(f"autopar: {cache.notice}", file=sys.stderr)
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    if device.type == "cuda" and not getattr(args, "no_calibrate", False):
+        from autopar.trainer.calibrate import calibration_target
+        calibration_target(workers, "cuda")   # refuse more ranks than GPUs before minutes of profiling
     last = [""]
 
     def progress(model: str, i: int, n: int, op: str) -> None:

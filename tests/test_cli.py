@@ -102,3 +102,17 @@ def test_simulate_warns_when_the_batch_does_not_divide_over_the_devices(capsys):
     assert ("autopar: warning: batch 15 does not divide over 2 devices: data-parallel runs on 1 device; "
             "use a batch divisible by 2") in err
     assert json.loads(out)["results"][0]["warnings"]
+
+
+def test_profile_on_a_gpu_refuses_more_ranks_than_gpus_before_measuring(capsys, monkeypatch, tmp_path):
+    import torch
+
+    import autopar.planner.cost as cost
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    measured = []
+    monkeypatch.setattr(cost, "profile_local", lambda *a, **k: measured.append(a))
+    rc, _, err = _run(capsys, "profile", "--model", "lenet", "--topology", "local:2",
+                      "--profile-cache", str(tmp_path / "p.json"))
+    assert rc == 2 and not measured
+    assert "2 CUDA rank(s) need one GPU each, and torch sees 1" in err and "calibrate fewer ranks" in err

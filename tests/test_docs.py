@@ -357,7 +357,23 @@ def _msg_planner_failed() -> str:
     return _condition(obs, "PlannerFailed")
 
 
+def _msg_gpus_short() -> str:
+    """`autopar train --device cuda --nproc 2` on a machine with one GPU."""
+    from unittest import mock
+
+    from autopar.trainer.errors import TrainerConfigError
+    from autopar.trainer.launch import check_gpus
+    with mock.patch("torch.cuda.is_available", return_value=True), mock.patch("torch.cuda.device_count",
+                                                                              return_value=1):
+        try:
+            check_gpus(2)
+        except TrainerConfigError as e:
+            return f"autopar: error: {e}"
+    raise AssertionError("check_gpus(2) accepted two ranks on one GPU")
+
+
 MESSAGES = {
+    "gpus-short": _msg_gpus_short,
     "unknown-gpu-product": _msg_unknown_product,
     "too-few-nodes": _msg_too_few_nodes,
     "bad-override": _msg_bad_override,

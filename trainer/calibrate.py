@@ -151,7 +151,7 @@ from torch import nn
 from autopar.planner.cost import STAGING_PARTS, Curve, RuntimeCalibration, default_calibration
 
 from .errors import TrainerConfigError
-from .launch import run_local
+from .launch import check_gpus, run_local
 
 BACKEND = "gloo"
 #: The backend of a calibration on CUDA devices (`calibrate(..., device="cuda")`).
@@ -610,10 +610,7 @@ def calibration_target(world: int, device: str = "cpu") -> tuple[str, str]:
         return get_preset(f"local:{world}").devices[0].product, BACKEND
     if kind != "cuda":
         raise TrainerConfigError(f"calibrate measures cpu or cuda ranks, not {device!r}")
-    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if have < world:
-        raise TrainerConfigError(f"calibrating {world} CUDA rank(s) needs {world} GPU(s), one per rank; torch sees {have} "
-                         "on this machine: calibrate fewer ranks, or on the CPU (device cpu)")
+    check_gpus(world, fix="calibrate fewer ranks (--topology local:N, N at most the GPUs), or on the CPU")
     from autopar.planner.cost import device_kind_of   # pragma: no cover - needs a GPU
     return device_kind_of(torch.device("cuda", 0)), GPU_BACKEND   # pragma: no cover - needs a GPU
 

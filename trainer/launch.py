@@ -81,8 +81,19 @@ def pick_backend(device: str | None = None) -> tuple[str, str]:
     return "gloo", "cpu"
 
 
+def check_gpus(ranks: int, first: int = 0, fix: str | None = None) -> None:
+    """Refuse CUDA ranks ``first .. first + ranks - 1`` where this machine has fewer GPUs: NCCL
+    runs one rank per GPU (two ranks on one GPU fail inside NCCL, with a message about
+    duplicate GPUs, after the job has started).  `fix` says what to do (default: --nproc)."""
+    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if first + ranks > have:
+        raise TrainerConfigError(f"{first + ranks} CUDA rank(s) need one GPU each, and torch sees {have} on this "
+                                 "machine: " + (fix or f"use --nproc {max(1, have)} (or fewer), or --device cpu"))
+
+
 def rank_device(kind: str, local_rank: int) -> torch.device:
     if kind == "cuda":
+        check_gpus(1, local_rank)
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)
     return torch.device("cpu")

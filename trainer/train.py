@@ -43,7 +43,8 @@ from autopar.planner.zoo import with_dtype
 from . import checkpoint as ckpt
 from .comm import ProcessGroups
 from .errors import TrainerConfigError
-from .launch import DEFAULT_TIMEOUT, init_from_env, pick_backend, rank_device, run_local, under_torchrun
+from .launch import (DEFAULT_TIMEOUT, check_gpus, init_from_env, pick_backend, rank_device, run_local,
+                     under_torchrun)
 from .metrics import StepMetrics, median_step
 from .optim import STATE_KEYS, OptimizerConfig
 from .session import Trainer
@@ -483,6 +484,8 @@ def train_main(args: Any = None, **overrides: Any) -> dict | None:
         finally:
             dist.destroy_process_group()
     cfg = resolve_resume(cfg)
+    if kind == "cuda":
+        check_gpus(cfg.nproc)
     job = prepare(cfg, cfg.nproc)
     _warn(job)
     if cfg.log:

@@ -148,5 +148,5 @@ def test_the_calibration_target_names_product_and_backend_and_refuses_what_this_
     with pytest.raises(TrainerConfigError, match="cpu or cuda"):
         calibration_target(1, "meta")
     have = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    with pytest.raises(TrainerConfigError, match=f"needs {have + 1} GPU"):
+    with pytest.raises(TrainerConfigError, match=f"{have + 1} CUDA rank.s. need one GPU each.*calibrate fewer"):
         calibration_target(have + 1, "cuda")

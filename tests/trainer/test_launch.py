@@ -46,3 +46,17 @@ def test_a_dying_rank_stops_training_and_leaves_only_complete_checkpoints(tmp_pa
     assert "rank 1 died" in str(err.value)
     names = sorted(os.listdir(tmp_path))
     assert names == ["latest", "step-00000001.pt", "step-00000002.pt", "step-00000003.pt"]
+
+
+def test_cuda_ranks_beyond_the_machines_gpus_are_refused_before_anything_starts():
+    import torch
+
+    from autopar.trainer.errors import TrainerConfigError
+    from autopar.trainer.launch import check_gpus, rank_device
+    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    with pytest.raises(TrainerConfigError, match=f"{have + 1} CUDA rank.s. need one GPU each.*--nproc"):
+        check_gpus(have + 1)
+    with pytest.raises(TrainerConfigError, match="need one GPU each"):
+        rank_device("cuda", have)
+    check_gpus(have)   # as many as there are: fine
+    assert rank_device("cpu", 5) == torch.device("cpu")
