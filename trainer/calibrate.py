@@ -151,7 +151,7 @@ from torch import nn
 from autopar.planner.cost import STAGING_PARTS, Curve, RuntimeCalibration, default_calibration
 
 from .errors import TrainerConfigError
-from .launch import check_gpus, run_local
+from .launch import check_gpus, rank_device, run_local
 
 BACKEND = "gloo"
 #: The backend of a calibration on CUDA devices (`calibrate(..., device="cuda")`).
@@ -252,12 +252,6 @@ def _busy(seconds: float, a: torch.Tensor) -> None:
         torch.mm(a, a)
 
 
-def _device(kind: str, rank: int) -> torch.device:
-    """The rank's device: the CPU, or CUDA device `rank` (made current, as the trainer does)."""
-    from .launch import rank_device
-    return rank_device(kind, rank)
-
-
 def _sync(device: torch.device) -> None:
     """Wait for the device's queued kernels (CUDA), so that a host timer spans them too."""
     if device.type == "cuda":  # pragma: no cover - needs a GPU
@@ -267,7 +261,7 @@ def _sync(device: torch.device) -> None:
 def _comm_rank(rank: int, world: int, cfg: Settings, kind: str = "cpu") -> dict | None:
     from .comm import exchange_many, wait_all
 
-    device = _device(kind, rank)
+    device = rank_device(kind, rank)   # the CPU, or CUDA device `rank` made current
     a = torch.randn(128, 128)   # the sender's host work (CPU), whatever the device
     groups = {r: dist.new_group(list(range(r))) for r in range(2, world + 1)}   # same order on every rank
     dist.barrier()
@@ -448,7 +442,7 @@ def _overhead_rank(rank: int, world: int, cfg: Settings, device_kind: str = "cpu
     from .comm import ProcessGroups
     from .session import Trainer
 
-    device = _device(device_kind, rank)
+    device = rank_device(device_kind, rank)
     rows = []
     memo: dict = {}
     fusable = rt_mod.Runtime._fusable
@@ -482,7 +476,7 @@ def _overhead_rank(rank: int, world: int, cfg: Settings, device_kind: str = "cpu
 def _optimizer_rank(rank: int, world: int, cfg: Settings,
                     kind: str = "cpu") -> dict[str, list[tuple[int, float, float]]]:
     """One rank's optimizer samples (`_optimizer_in_steps`)."""
-    return _optimizer_in_steps(rank, world, cfg, _device(kind, rank))
+    return _optimizer_in_steps(rank, world, cfg, rank_device(kind, rank))
 
 
 def optimizer_job(name: str, tensors: int, nbytes: int, world: int):

@@ -171,7 +171,7 @@ def resolve_strategy(strategy: Any, graph: OperatorGraph, topology, model_option
 def predict(graph: OperatorGraph, topology, strategy: Strategy, cfg: TrainConfig) -> tuple[float | None, str]:
     """The simulator's step time for the plan (profile cache where measured, roofline elsewhere)."""
     if (cfg.topology is None and any(d.kind.lower().startswith("cpu") for d in topology.devices)
-            and cfg.device in ("cuda", "auto") and pick_backend(cfg.device)[1] == "cuda"):
+            and pick_backend(cfg.device)[1] == "cuda"):
         # local:N describes CPU worker ranks; a prediction for it says nothing about these GPUs
         return None, ("no prediction: training on CUDA, and local:N describes CPU ranks; pass --topology with a "
                       "topology file naming this machine's GPUs (examples/topologies), after `autopar profile` "
