@@ -55,7 +55,20 @@ is: run it when nothing else competes for the cores.  `calibrate(world)` measure
    data-parallel plan runs; an op whose edges cross ranks runs its own ``autograd.backward`` and
    pays the engine's start-up each time.
    ``bwd_task_s`` is the fused cost (the single-device run); the same chains with fusion turned
-   off give ``details["bwd_task_unfused_s"]``, for a simulator that tells the two apart.
+   off give ``details["bwd_task_unfused_s"]``, and the difference, the engine's start-up of an
+   op's own backward call, is ``bwd_call_s``: the simulator charges it to every task of an op the
+   runtime does not fuse into its consumer (`planner.sim.trainer_model.fused`).
+
+   **Cold bookkeeping.**  A real model's op passes over more memory than the core's L2 holds, so
+   the runtime's own work after it finds its code and data evicted; the chains' tiny ops evict
+   nothing.  With every op's span writing over the profiler's eviction buffer before it ends
+   (inside the timed span, `_evicting_spans`), the work between the spans went from 8-9 to 29 us
+   per forward task on this machine, what the zoo's models show in their steps (27-34 us
+   single-device and data-parallel; the warm chains had given 10-11 us in all).  On a CPU each
+   overhead is therefore the cold chains' work between the spans plus the warm chains' work
+   inside them beyond the kernels (a span's own eviction would drown that part); the warm
+   figures are kept in ``details`` (``warm_fwd_task_s``, ...).  The profiler times every op from
+   evicted caches for the same reason (`planner.cost.profiler`, "Measurement conditions").
 4. **Exchange overhead** (``exchange_s``): two ranks step the same chains under a plan that puts
    op i on rank i mod 2, so every op exchanges its input forward and its gradient backward, with
    `exchange_many` wrapped by a timer inside the ranks.  ``exchange_s`` is the time the runtime
@@ -136,6 +149,7 @@ good enough for tests, too noisy for planning.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import math
 import os
@@ -435,9 +449,47 @@ def _kernel_sums(job, repeats: int, memo: dict, device: torch.device | None = No
             "fwd_tasks": len(graph.ops), "bwd_tasks": sum(grads)}
 
 
+@contextlib.contextmanager
+def _evicting_spans(rt_mod, device: torch.device):
+    """Within it, every forward and backward span of the runtime evicts the core's private caches
+    (the profiler's `cache_evictor`) just before it ends, inside its timed region.
+
+    In a real model an op's kernels pass over more memory than the core's L2 holds, so the
+    runtime's own bookkeeping after it (input assembly, autograd leaves, accumulators: what runs
+    between the spans) finds its code and data evicted.  The profiler times every op from evicted
+    caches for the same reason.  The chains' tiny ops evict nothing, and their bookkeeping ran
+    warm: 8-9 us per forward task outside the spans here, against 22 us with a 4 MiB write inside
+    each span and 27-34 us per forward task in the zoo's models' steps (docs/simulation.md)."""
+    from autopar.planner.cost.profiler import cache_evictor
+    evict = cache_evictor(device)
+    original = rt_mod._Span.__exit__
+
+    def exit_evicting(span, *exc):
+        if span.phase in ("fwd", "bwd"):
+            evict()
+        return original(span, *exc)
+    rt_mod._Span.__exit__ = exit_evicting
+    try:
+        yield
+    finally:
+        rt_mod._Span.__exit__ = original
+
+
+def _cold_fit(chains: list[dict], pass_: str, cold: str, warm: str = "") -> tuple[float, float]:
+    """(seconds per task, per step) of the runtime's own work in the `pass_` ("fwd" or "bwd")
+    pass: between its spans with evicting spans (the `cold` variant's wall less phase), plus
+    inside them beyond the kernels (the `warm` variant's phase less the kernels)."""
+    tasks = f"{pass_}_tasks"
+    outside = fit_intercept([(c[tasks], c[f"{cold}{pass_}_wall"] - c[f"{cold}{pass_}_phase"]) for c in chains])
+    inside = fit_intercept([(c[tasks], c[f"{warm}{pass_}_phase"] - c[f"{pass_}_kernels"]) for c in chains])
+    return outside[0] + inside[0], outside[1] + inside[1]
+
+
 def _overhead_rank(rank: int, world: int, cfg: Settings, device_kind: str = "cpu") -> dict:
-    """One rank: the chains single-device (fused as the runtime fuses them, then unfused).  On a
-    GPU the passes' wall times end with the device done (`_timed_passes`)."""
+    """One rank: the chains single-device (fused as the runtime fuses them, then unfused), and on
+    a CPU both again with the core's private caches evicted at the end of every op's span
+    (`_evicting_spans`).  On a GPU the passes' wall times end with the device done
+    (`_timed_passes`)."""
     from . import runtime as rt_mod
     from .comm import ProcessGroups
     from .session import Trainer
@@ -446,11 +498,14 @@ def _overhead_rank(rank: int, world: int, cfg: Settings, device_kind: str = "cpu
     rows = []
     memo: dict = {}
     fusable = rt_mod.Runtime._fusable
+    variants = [("", True, False), ("unfused_", False, False)]
+    if device.type == "cpu":
+        variants += [("cold_", True, True), ("cold_unfused_", False, True)]
     for kind in ("elementwise", "linear"):
         for k in cfg.chain_lengths:
             job = _job(kind, k, None)
             row = {"model": job.graph.name, **_kernel_sums(job, cfg.profile_repeats, memo, device)}
-            for fused in (True, False):
+            for tag, fused, cold in variants:
                 if not fused:
                     rt_mod.Runtime._fusable = lambda self, rv, views: False
                 try:
@@ -459,12 +514,12 @@ def _overhead_rank(rank: int, world: int, cfg: Settings, device_kind: str = "cpu
                     rt_mod.Runtime._fusable = fusable
                 last = _timed_passes(tr.runtime, device)
                 walls, phases = [], []
-                for s in range(cfg.warmup_steps + cfg.steps):
-                    tr.forward_backward(s)
-                    if s >= cfg.warmup_steps:
-                        walls.append(list(last))
-                        phases.append(dict(tr.runtime.phases))
-                tag = "" if fused else "unfused_"
+                with _evicting_spans(rt_mod, device) if cold else contextlib.nullcontext():
+                    for s in range(cfg.warmup_steps + cfg.steps):
+                        tr.forward_backward(s)
+                        if s >= cfg.warmup_steps:
+                            walls.append(list(last))
+                            phases.append(dict(tr.runtime.phases))
                 row[f"{tag}fwd_wall"] = statistics.median(w[0] for w in walls)
                 row[f"{tag}bwd_wall"] = statistics.median(w[1] for w in walls)
                 row[f"{tag}fwd_phase"] = statistics.median(p["fwd"] for p in phases)
@@ -680,8 +735,16 @@ def calibrate(world: int, *, quick: bool = False, progress: Callable[[str], None
     fwd_phase_s, _ = fit_intercept([(c["fwd_tasks"], c["fwd_phase"] - c["fwd_kernels"]) for c in chains])
     bwd_phase_s, _ = fit_intercept([(c["bwd_tasks"], c["bwd_phase"] - c["bwd_kernels"]) for c in chains])
     details["overhead_chains"] = chains
-    details.update(fwd_step_s=fwd_step_s, bwd_step_s=bwd_step_s, bwd_task_unfused_s=unfused_s,
+    details.update(warm_fwd_task_s=fwd_task_s, warm_bwd_task_s=bwd_task_s, warm_bwd_task_unfused_s=unfused_s,
                    fwd_task_phase_only_s=fwd_phase_s, bwd_task_phase_only_s=bwd_phase_s)
+    if not gpu:
+        # The runtime's work between the spans, timed with the caches evicted by every op as a
+        # real model's ops evict them (`_evicting_spans`), plus its work inside the spans beyond
+        # the kernels, timed warm (a span's eviction would drown it).
+        fwd_task_s, fwd_step_s = _cold_fit(chains, "fwd", "cold_")
+        bwd_task_s, bwd_step_s = _cold_fit(chains, "bwd", "cold_")
+        unfused_s, _ = _cold_fit(chains, "bwd", "cold_unfused_", "unfused_")
+    details.update(fwd_step_s=fwd_step_s, bwd_step_s=bwd_step_s, bwd_task_unfused_s=unfused_s)
     optimizer = []
     for name, samples in sorted(res["optimizer"].items()):
         per_tensor, per_byte = fit_optimizer(samples)
@@ -703,7 +766,7 @@ def calibrate(world: int, *, quick: bool = False, progress: Callable[[str], None
         exchange_s = fallback.exchange_s
         not_measured.append("exchange_s")
     cal = RuntimeCalibration(product=product, backend=backend, world=world, fwd_task_s=fwd_task_s,
-                             bwd_task_s=bwd_task_s, exchange_s=exchange_s, p2p=p2p, allreduce=tuple(allreduce),
+                             bwd_task_s=bwd_task_s, bwd_call_s=max(0.0, unfused_s - bwd_task_s), exchange_s=exchange_s, p2p=p2p, allreduce=tuple(allreduce),
                              optimizer=tuple(optimizer),
                              comm_uses_cores=not gpu and (os.cpu_count() or 1) < 2 * world,
                              source="measured", wire=wire, details=())
@@ -1017,13 +1080,14 @@ def fit_exchange_latency(cal: RuntimeCalibration, world: int, cfg: "Settings",
 
 def summary(cal: RuntimeCalibration) -> dict[str, Any]:
     """The numbers `autopar profile` prints: p2p at 4 B and 1 MiB, all-reduce at 1 MiB among all
-    ranks, the overheads (microseconds), the optimizer coefficients and the staging of a 1 MiB
+    ranks, the overheads (microseconds; ``bwd_call_us``: an unfused op's own backward call), the optimizer coefficients and the staging of a 1 MiB
     message."""
     us = 1e6
     return {"world": cal.world, "source": cal.source,
             "p2p_4B_us": cal.p2p(4) * us, "p2p_1MiB_us": cal.p2p(1 << 20) * us,
             "allreduce_1MiB_us": cal.allreduce_time(1 << 20, cal.world) * us,
-            "fwd_task_us": cal.fwd_task_s * us, "bwd_task_us": cal.bwd_task_s * us, "exchange_us": cal.exchange_s * us,
+            "fwd_task_us": cal.fwd_task_s * us, "bwd_task_us": cal.bwd_task_s * us, "bwd_call_us": cal.bwd_call_s * us,
+            "exchange_us": cal.exchange_s * us,
             "optimizer": {name: {"tensor_us": t * us, "MiB_us": b * (1 << 20) * us}
                           for name, t, b in cal.optimizer},
             "staging_1MiB_us": {name: cal.staging_time(k, 1 << 20) * us for k, name in enumerate(STAGING_PARTS)}
@@ -1038,7 +1102,8 @@ def summary_line(cal: RuntimeCalibration) -> str:
                     for name, t, b in cal.optimizer)
     return (f"p2p {s['p2p_4B_us']:.0f} us at 4 B, {s['p2p_1MiB_us']:.0f} us at 1 MiB; all-reduce "
             f"{s['allreduce_1MiB_us']:.0f} us at 1 MiB ({max(2, cal.world)} ranks); overheads fwd "
-            f"{s['fwd_task_us']:.0f} us, bwd {s['bwd_task_us']:.0f} us per task, exchange {s['exchange_us']:.0f} us; "
+            f"{s['fwd_task_us']:.0f} us, bwd {s['bwd_task_us']:.0f} us per task (+{s['bwd_call_us']:.0f} us per own "
+            f"backward call), exchange {s['exchange_us']:.0f} us; "
             f"optimizer {opt}"
             + ("; staging of 1 MiB " + ", ".join(f"{name.replace('_', ' ')} {v:.0f} us"
                                                    for name, v in s["staging_1MiB_us"].items())

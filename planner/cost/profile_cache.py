@@ -46,7 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import CostModelError
 from ..fileio import atomic_write
-from .calibration import RuntimeCalibration, calibration_key
+from .calibration import CALIBRATION_METHOD, RuntimeCalibration, calibration_key
 from ..ir.graph import Op
 from ..ir.regions import Range
 
@@ -198,11 +198,17 @@ class _CacheFile(BaseModel):
     method: int = 1
 
 
-def _without_staging(doc: Any) -> bool:
-    """Whether a stored calibration of ranks that exchange messages was measured before its
-    staging curves were (`RuntimeCalibration.staging`): the simulator would miss that cost."""
-    return (isinstance(doc, dict) and doc.get("source", "measured") == "measured"
-            and int(doc.get("world", 1) or 1) >= 2 and not doc.get("staging"))
+def _stale_calibration(doc: Any) -> bool:
+    """Whether a stored measured calibration was measured the way an older autopar measured it
+    (`CALIBRATION_METHOD`), or, for ranks that exchange messages, before its staging curves were
+    (`RuntimeCalibration.staging`): the simulator would miss or misjudge those costs."""
+    if not isinstance(doc, dict) or doc.get("source", "measured") != "measured":
+        return False
+    try:
+        method = int(doc.get("method", 1))
+    except (TypeError, ValueError):
+        return False                  # `RuntimeCalibration.from_json` names the bad field
+    return method < CALIBRATION_METHOD or (int(doc.get("world", 1) or 1) >= 2 and not doc.get("staging"))
 
 
 class ProfileCache:
@@ -248,7 +254,7 @@ class ProfileCache:
                             f"calibration(s) measured the way an older autopar measured them (method {doc.method}, "
                             f"now {MEASUREMENT_METHOD}); they are measured again")
             return cache
-        stale = sorted(k for k, c in doc.calibrations.items() if _without_staging(c))
+        stale = sorted(k for k, c in doc.calibrations.items() if _stale_calibration(c))
         try:
             cache = cls({k: (v.forward, v.backward) for k, v in doc.entries.items()}, path=p,
                         calibrations={k: c for k, c in doc.calibrations.items() if k not in stale})
@@ -258,8 +264,8 @@ class ProfileCache:
         except CostModelError as e:
             raise CostModelError(f"profile cache {p}: {e}") from e
         if stale:
-            cache.notice = (f"profile cache {p}: runtime calibration(s) {', '.join(stale)} were measured before autopar "
-                            "timed the staging of messages; they are measured again (the op times are kept)")
+            cache.notice = (f"profile cache {p}: runtime calibration(s) {', '.join(stale)} were measured the way an "
+                            "older autopar measured them; they are measured again (the op times are kept)")
         return cache
 
     def save(self, path: str | os.PathLike | None = None) -> Path:

@@ -23,7 +23,11 @@ What the trainer does, and how it is modelled:
   and its receiver places it on their own devices (`_stage`, the calibrated staging), each
   program waiting for its part.
 * **Overheads.**  Each forward and backward task costs the calibrated per-task overhead on top
-  of its kernel time (`planner.cost.calibration`).  On GPUs, whose kernels run behind the host
+  of its kernel time (`planner.cost.calibration`).  The runtime runs a backward pass as few
+  ``autograd.backward`` calls as it can: an op whose output goes, on one rank and one to one, to
+  its only consumer is fused into the consumer's call (`fused`); every other op runs its own call
+  per task, and each pays the engine's start-up (``bwd_call_s``) on its device's program before
+  the task.  On GPUs, whose kernels run behind the host
   that issues them, each task is a host part and a device part on two streams (`op_plan`).
 * **Gradient synchronization** in buckets (`planner.sim.buckets`, the trainer's own plan): a
   bucket's all-reduce starts when every rank of its group has passed the bucket's op in the
@@ -138,6 +142,11 @@ def host_task(key: tuple) -> tuple:
     return (key[0], key[1], 3, key[3])
 
 
+def engine_call(n: int, i: int, t: int) -> tuple:
+    """The autograd engine's start-up for task t of op i's own backward call (`backward_calls`)."""
+    return (1, n - i, 4, t)
+
+
 def zero_grad(d: int) -> tuple:
     return (-1, 0, d)
 
@@ -160,6 +169,52 @@ def requires_grad(graph: OperatorGraph) -> list[bool]:
         out.append(own or up)
     return out
 
+
+def fusion_consumer(b, p: int) -> tuple[int, int] | None:
+    """(consumer op, input index) of the one edge that may fuse op `p`'s backward into its
+    consumer's autograd call, or None when op `p` runs its own call under every configuration.
+
+    The runtime (`autopar.trainer.runtime.Runtime._fusable`) fuses an edge that stays on one rank,
+    one to one, into one ``autograd.backward`` call: the producer has one output and one consumer,
+    neither end is a batch norm with batch statistics, and the gradient flows back.  An op that is
+    not fused into its consumer runs a call per task, and each call pays the engine's start-up
+    (`RuntimeCalibration.bwd_call_s`)."""
+    g = b.graph
+    op = g.ops[p]
+    cons = g.consumers[op.name]
+    if not b._requires_grad[p] or not op.inputs or len(op.outputs) != 1 or len(cons) != 1:
+        return None
+    if op.outputs[0].dtype not in _FLOAT or _batch_stats(op) or _batch_stats(g[cons[0][0]]):
+        return None
+    return g.index[cons[0][0]], cons[0][1]
+
+
+def _batch_stats(op) -> bool:
+    return op.kind == "batch_norm" and bool(op.attr("batch_stats"))
+
+
+def fused(b, i: int, op, j: int, ccfg, pcfg) -> bool:
+    """Whether input `j` of op `i` (its producer's `fusion_consumer`) is fused under these
+    configurations: every producer task's whole output is read, on its own device, by exactly one
+    consumer task as that task's whole input `j`, and no producer task holds a partial sum."""
+    producer = b.graph[op.inputs[j].op]
+    out = producer.outputs[op.inputs[j].index]
+    if any(d > 1 and pd.name not in out.dims for pd, d in zip(producer.pardims, pcfg.degrees)):
+        return False
+    pairs = b.overlaps(op, j, ccfg.degrees, pcfg.degrees)
+    pts, cts = [pt for pt, _, _ in pairs], [ct for _, ct, _ in pairs]
+    if len(set(pts)) != len(pts) or len(set(cts)) != len(cts) or len(pts) != len(pcfg.devices):
+        return False
+    p_ranges = b._task_ranges(producer, pcfg.degrees)
+    c_ranges = b._task_ranges(op, ccfg.degrees)
+    for pt, ct, box in pairs:
+        if pcfg.devices[pt] != ccfg.devices[ct]:
+            return False
+        n = volume(box)
+        if n != volume(producer.output_box(op.inputs[j].index, p_ranges[pt])) or \
+                n != volume(op.input_box(j, c_ranges[ct], out.shape)):
+            return False
+    return True
 
 # -- groups ---------------------------------------------------------------------------------------
 
@@ -218,6 +273,9 @@ def op_plan(b, i: int, op, cfg) -> tuple:
     shapes = b._in_shapes[op.name]
     grad = b._requires_grad[i]
     name = op.name
+    # An op that can never be fused into its consumer runs its own backward call per task; one that
+    # can is charged by its consumer's edge where the configurations keep them apart (`edge_plan`).
+    call = rt.bwd_call_s if grad and fusion_consumer(b, i) is None else 0.0
     est_on: dict = {}
     tasks, edges, keys = [], [], []
     on: dict[int, list[int]] = {}
@@ -229,7 +287,7 @@ def op_plan(b, i: int, op, cfg) -> tuple:
         if gpu:
             host_f, host_b = est.host if est.host is not None else (0.0, 0.0)
             hf, hb = host_task(fk), host_task(bk)
-            back_host = host_b + rt.bwd_task_s if grad else MIN_TASK_SECONDS
+            back_host = host_b + rt.bwd_task_s + call if grad else MIN_TASK_SECONDS
             tasks += [(hf, _CHAIN_BASE + dev, max(host_f + rt.fwd_task_s, MIN_TASK_SECONDS), "overhead", 0.0, name),
                       (fk, dev, max(est.forward, MIN_TASK_SECONDS), "forward", 0.0, name),
                       (hb, _CHAIN_BASE + dev, max(back_host, MIN_TASK_SECONDS), "overhead", 0.0, name),
@@ -237,7 +295,7 @@ def op_plan(b, i: int, op, cfg) -> tuple:
             edges += [(hf, fk), (hb, bk)]
             keys += (hf, hb)
         else:
-            back = est.backward + rt.bwd_task_s if grad else MIN_TASK_SECONDS
+            back = est.backward + rt.bwd_task_s + call if grad else MIN_TASK_SECONDS
             tasks += [(fk, dev, est.forward + rt.fwd_task_s, "forward", 0.0, name),
                       (bk, dev, max(back, MIN_TASK_SECONDS), "backward", 0.0, name)]
         edges.append((fk, bk))
@@ -367,6 +425,14 @@ def edge_plan(b, i: int, op, j: int, ccfg, pcfg) -> tuple:
             _stage(b, tasks, edges, key, first, last, nbytes, GRADIENT_SEND, dd,
                    tuple((1, n - i, 0, c) for c in dst) + (grads_out(n, i, dd),), grads_in(n, i, dd),
                    GRADIENT_RECEIVE, sd, (grads_in(n, i, sd), (1, n - p, 0, pt)))
+    if rt.bwd_call_s > 0 and fusion_consumer(b, p) == (i, j) and not fused(b, i, op, j, ccfg, pcfg):
+        # The producer runs its own backward call per task: the engine's start-up, on the program
+        # of the task's device just before the task (its host on GPUs).
+        gpu = rt.launches_async
+        for pt, d in enumerate(pdev):
+            k, task = engine_call(n, p, pt), (1, n - p, 0, pt)
+            tasks.append((k, _CHAIN_BASE + d if gpu else d, rt.bwd_call_s, "overhead", 0.0, ref.op))
+            edges += [(back_arrive(n, p, d), k), (k, host_task(task) if gpu else task)]
     keys = [t[0] for t in tasks]
     return tasks, edges, tuple(keys)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from autopar.planner.cost import Curve, ProfileCache
-from autopar.planner.cost.calibration import STAGING_PARTS, RuntimeCalibration
+from autopar.planner.cost.calibration import CALIBRATION_METHOD, STAGING_PARTS, RuntimeCalibration
 from autopar.trainer.calibrate import (IN_SITU_BATCHES, QUICK_SIZES, calibrate, fit_intercept, fit_optimizer,
                                       message_latencies, message_serial, staging_curves)
 
@@ -32,6 +32,13 @@ def test_a_quick_calibration_of_two_ranks_is_complete_and_round_trips(tmp_path):
     assert cal.p2p(1 << 20) > 0 and cal.allreduce_time(1 << 20, 2) > 0
     assert min(cal.fwd_task_s, cal.bwd_task_s, cal.exchange_s) >= 0
     assert max(cal.fwd_task_s, cal.bwd_task_s, cal.exchange_s) < 5e-3     # microseconds, not a stray step
+    # The per-task overheads: the work between the spans timed with every op evicting the caches,
+    # the warm figures kept beside them; an unfused op's own call costs its engine start-up more.
+    assert cal.method == CALIBRATION_METHOD and cal.bwd_call_s >= 0
+    chains = dict(cal.details)["overhead_chains"]
+    assert all(row[f"{tag}{p}_{x}"] > 0 for row in chains for tag in ("", "unfused_", "cold_", "cold_unfused_")
+               for p in ("fwd", "bwd") for x in ("wall", "phase"))
+    assert {"warm_fwd_task_s", "warm_bwd_task_s", "bwd_task_unfused_s"} <= set(dict(cal.details))
     assert {name for name, _, _ in cal.optimizer} == {"adam", "sgd"}
     assert all(t >= 0 and b >= 0 and t + b > 0 for _, t, b in cal.optimizer)
     assert cal.optimizer_time("adam", 10, 40e6) > 0

@@ -254,4 +254,29 @@ def test_a_calibration_measured_before_staging_was_timed_is_dropped_but_the_op_t
     assert cache.get("k") == (1e-3, 2e-3)
     assert cache.calibration("CPU-core", "gloo", 2) is None
     assert cache.calibration("CPU-core", "gloo", 1) is not None     # one rank stages nothing
-    assert "CPU-core|gloo|2" in cache.notice and "staging" in cache.notice and "op times are kept" in cache.notice
+    assert "CPU-core|gloo|2" in cache.notice and "older autopar" in cache.notice and "op times are kept" in cache.notice
+
+
+def test_a_calibration_measured_by_an_older_method_is_dropped_but_the_op_times_stay(tmp_path):
+    """A measured calibration from before `CALIBRATION_METHOD` (its per-task overheads timed on
+    warm chains, no engine start-up apart) is measured again; a current one and a default one stay."""
+    from autopar.planner.cost import default_calibration
+    from autopar.planner.cost.calibration import CALIBRATION_METHOD
+    from autopar.planner.cost.profile_cache import MEASUREMENT_METHOD
+    current = {**default_calibration("CPU-core", "gloo", 2).to_json(), "source": "measured"}
+    assert current["method"] == CALIBRATION_METHOD
+    old = {**current, "world": 3}
+    del old["method"], old["bwd_call_s"]
+    default = {**default_calibration("CPU-core", "gloo", 4).to_json(), "method": 1}
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps({"version": 1, "method": MEASUREMENT_METHOD,
+                                "entries": {"k": {"forward": 1e-3, "backward": 2e-3}},
+                                "calibrations": {"CPU-core|gloo|2": current, "CPU-core|gloo|3": old,
+                                                 "CPU-core|gloo|4": default}}))
+    cache = ProfileCache.load(path)
+    assert cache.get("k") == (1e-3, 2e-3)
+    assert cache.calibration("CPU-core", "gloo", 3) is None
+    kept = cache.calibration("CPU-core", "gloo", 2)
+    assert kept is not None and kept.bwd_call_s == current["bwd_call_s"] > 0
+    assert cache.calibration("CPU-core", "gloo", 4) is not None
+    assert "CPU-core|gloo|3" in cache.notice and "|2" not in cache.notice and "|4" not in cache.notice

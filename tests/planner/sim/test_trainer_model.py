@@ -251,3 +251,40 @@ def test_on_cpu_ranks_a_task_costs_its_kernel_plus_the_runtimes_overhead():
     res, _, _ = simulate_strategy(TaskGraphBuilder(g, topo, Fixed().bind(g), "sgd", runtime=cal), single_device(g))
     tasks = len(g.ops) + sum(requires_grad(g))
     assert res.step_time == pytest.approx(tasks * 1.1e-3, rel=0.02)
+
+
+def test_an_op_not_fused_into_its_consumer_pays_the_engines_start_up_for_its_own_backward_call():
+    """A chain on one rank is one autograd call (the loss op's); split over two ranks every op
+    runs its own, and each costs the calibrated ``bwd_call_s`` on its device's program."""
+    from dataclasses import replace
+
+    from autopar.planner.cost.model import Estimate
+    from autopar.planner.ir import ParallelConfig, single_device
+    from autopar.planner.sim import requires_grad
+
+    class Fixed(CostModel):
+        def task_cost(self, op, degrees, device, input_shapes=None):
+            return Estimate(1e-3, 1e-3, "profile", None)
+
+    g = mlp()
+    topo = get_preset("local:2")
+
+    def busy(strategy, call: float) -> tuple[float, float]:
+        """(step seconds, seconds of work on the devices)."""
+        cal = replace(default_calibration(topo.devices[0].product, "gloo", 2), fwd_task_s=0.0, bwd_task_s=0.0,
+                      bwd_call_s=call, optimizer=(("sgd", 0.0, 0.0),), staging=())
+        res, _, tg = simulate_strategy(TaskGraphBuilder(g, topo, Fixed().bind(g), "sgd", runtime=cal), strategy)
+        return res.step_time, sum(tg.task(k).duration for k in tg if tg.task(k).resource in (0, 1))
+
+    one = single_device(g)
+    (s1, w1), (s0, w0) = busy(one, 1e-3), busy(one, 0.0)
+    assert s1 - s0 == pytest.approx(1e-3, rel=1e-3) and w1 - w0 == pytest.approx(1e-3, rel=1e-3)  # the loss op's
+    # Alternating ranks: no edge stays on one rank, so every op with a backward pass calls on its own.
+    place = {"fc1": 1, "relu": 0, "fc2": 1, "loss": 0}
+    alternating = Strategy.from_mapping(g, {op.name: ParallelConfig((1,) * len(op.pardims), (place.get(op.name, 0),))
+                                            for op in g.ops}, "alternating")
+    own = sum(1 for op, grad in zip(g.ops, requires_grad(g)) if grad and op.inputs)
+    assert own == len(place)
+    (s1, w1), (s0, w0) = busy(alternating, 1e-3), busy(alternating, 0.0)
+    assert w1 - w0 == pytest.approx(own * 1e-3, rel=1e-3)
+    assert s1 - s0 >= (own - 1) * 1e-3 * 0.99      # the ranks take turns: nearly all of it is on the path
