@@ -779,8 +779,10 @@ def calibrate(world: int, *, quick: bool = False, progress: Callable[[str], None
             f"{len(IN_SITU_BATCHES)} message sizes)")
         in_situ = run_local(_in_situ_rank, world, (cfg,))
         staging, staged = staging_curves(in_situ)
-        cal = replace(cal, staging=staging)
+        post_s, posted = receive_posting(in_situ)
+        cal = replace(cal, staging=staging, post_s=post_s)
         details["staging"] = staged
+        details["posting"] = posted
         cal, fit = fit_exchange_latency(cal, world, cfg, in_situ, wire=p2p_median)
         details["in_situ"] = fit
         say(f"messages of one exchange on {world} ranks (one and two each way)")
@@ -898,15 +900,25 @@ def _in_situ_rank(rank: int, world: int, cfg: "Settings") -> dict[int, dict[str,
     """The in-situ workload (`in_situ_job`) at each of `IN_SITU_BATCHES` on this rank; per batch,
     per timed step: its seconds (``times``); every `exchange_many` call, when it was entered and
     when it returned (``time.perf_counter``, one system-wide clock on one machine) and how many
-    bytes it received (``calls``); and (seconds, bytes, calls) of each `STAGING_PARTS` part, calls
-    that staged no byte not counted (``staging``)."""
+    bytes it received (``calls``); (seconds, bytes, calls) of each `STAGING_PARTS` part, calls
+    that staged no byte not counted (``staging``); and (seconds, receives) the runtime spent
+    posting receives ahead (`trainer.comm.RecvAhead`, ``posting``)."""
     from . import runtime as rt_mod
-    from .comm import ProcessGroups
+    from .comm import ProcessGroups, RecvAhead
     from .session import Trainer
     names = ["exchange_many"] + [name for name, _, _ in _STAGING_FUNCTIONS]
     inner = {name: getattr(rt_mod, name) for name in names}
     calls: list[tuple[float, float, int]] = []
     acc = [[0.0, 0, 0] for _ in STAGING_PARTS]
+    posting = [0.0, 0]
+    post = RecvAhead._post
+
+    def timed_post(ahead, through=-1):
+        before = sum(map(len, ahead._posted.values()))
+        t0 = time.perf_counter()
+        post(ahead, through)
+        posting[0] += time.perf_counter() - t0
+        posting[1] += sum(map(len, ahead._posted.values())) - before
 
     def exchange(sends, recvs, device, pending, ahead=None):
         t0 = time.perf_counter()
@@ -933,26 +945,45 @@ def _in_situ_rank(rank: int, world: int, cfg: "Settings") -> dict[int, dict[str,
     out: dict[int, dict[str, list]] = {}
     try:
         rt_mod.exchange_many = exchange
+        RecvAhead._post = timed_post
         for name, part, count in _STAGING_FUNCTIONS:
             setattr(rt_mod, name, staged(name, part, count))
         for batch in IN_SITU_BATCHES:
             tr = Trainer(in_situ_job(world, batch), rank, world, ProcessGroups())
-            rows = out[batch] = {"times": [], "calls": [], "staging": []}
+            rows = out[batch] = {"times": [], "calls": [], "staging": [], "posting": []}
             for s in range(cfg.warmup_steps + cfg.in_situ_steps):
                 dist.barrier()
                 calls.clear()
                 for a in acc:
                     a[:] = [0.0, 0, 0]
+                posting[:] = [0.0, 0]
                 t0 = time.perf_counter()
                 tr.train_step(s)
                 if s >= cfg.warmup_steps:
                     rows["times"].append(time.perf_counter() - t0)
                     rows["calls"].append(list(calls))
                     rows["staging"].append([tuple(a) for a in acc])
+                    rows["posting"].append(tuple(posting))
     finally:
         for name, fn in inner.items():
             setattr(rt_mod, name, fn)
+        RecvAhead._post = post
     return out
+
+
+def receive_posting(per_rank: list[dict[int, dict[str, list]]]) -> tuple[float, dict]:
+    """Seconds per receive the runtime spends posting receives ahead (`trainer.comm.RecvAhead`:
+    a buffer and an ``irecv`` each, mostly as a step begins), over every timed step of the
+    in-situ workload on every rank: the mean, since a step pays the slow posts too."""
+    seconds = receives = 0
+    for rows in per_rank:
+        for row in rows.values():
+            for t, n in row.get("posting", ()):
+                seconds += t
+                receives += n
+    if not receives:
+        raise ValueError("the in-situ workload posted no receive ahead")
+    return seconds / receives, {"receives": receives, "seconds": seconds, "per_receive_s": seconds / receives}
 
 
 def staging_curves(per_rank: list[dict[int, dict[str, list]]]) -> tuple[tuple[Curve, ...], dict]:
@@ -1087,7 +1118,7 @@ def summary(cal: RuntimeCalibration) -> dict[str, Any]:
             "p2p_4B_us": cal.p2p(4) * us, "p2p_1MiB_us": cal.p2p(1 << 20) * us,
             "allreduce_1MiB_us": cal.allreduce_time(1 << 20, cal.world) * us,
             "fwd_task_us": cal.fwd_task_s * us, "bwd_task_us": cal.bwd_task_s * us, "bwd_call_us": cal.bwd_call_s * us,
-            "exchange_us": cal.exchange_s * us,
+            "exchange_us": cal.exchange_s * us, "post_us": cal.post_s * us,
             "optimizer": {name: {"tensor_us": t * us, "MiB_us": b * (1 << 20) * us}
                           for name, t, b in cal.optimizer},
             "staging_1MiB_us": {name: cal.staging_time(k, 1 << 20) * us for k, name in enumerate(STAGING_PARTS)}
@@ -1103,7 +1134,7 @@ def summary_line(cal: RuntimeCalibration) -> str:
     return (f"p2p {s['p2p_4B_us']:.0f} us at 4 B, {s['p2p_1MiB_us']:.0f} us at 1 MiB; all-reduce "
             f"{s['allreduce_1MiB_us']:.0f} us at 1 MiB ({max(2, cal.world)} ranks); overheads fwd "
             f"{s['fwd_task_us']:.0f} us, bwd {s['bwd_task_us']:.0f} us per task (+{s['bwd_call_us']:.0f} us per own "
-            f"backward call), exchange {s['exchange_us']:.0f} us; "
+            f"backward call), exchange {s['exchange_us']:.0f} us, {s['post_us']:.0f} us per receive posted; "
             f"optimizer {opt}"
             + ("; staging of 1 MiB " + ", ".join(f"{name.replace('_', ' ')} {v:.0f} us"
                                                    for name, v in s["staging_1MiB_us"].items())

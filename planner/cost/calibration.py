@@ -131,7 +131,7 @@ class Curve:
 #: (`planner.cost.ProfileCache.load`).  1: the runtime's per-task overheads from chains of tiny ops,
 #: warm.  2: their work between ops timed with every op evicting the core's caches, as a real
 #: model's ops do, and the engine's start-up of an unfused op's own backward call apart
-#: (``bwd_call_s``; `autopar.trainer.calibrate`, stage 3).
+#: (``bwd_call_s``; `autopar.trainer.calibrate`, stage 3); the posting of receives ahead (``post_s``).
 CALIBRATION_METHOD = 2
 
 
@@ -154,6 +154,7 @@ class RuntimeCalibration:
     staging: tuple[Curve, ...] = ()                # one per `STAGING_PARTS` part; () where not measured
     wire: Curve | None = None                      # the bytes' time on the link; None: p2p less p2p(0)
     bwd_call_s: float = 0.0                        # an unfused op's own autograd call, per task
+    post_s: float = 0.0                            # posting one receive ahead (gloo), per message
     method: int = CALIBRATION_METHOD               # how it was measured (`CALIBRATION_METHOD`)
     details: tuple[tuple[str, Any], ...] = field(default=(), compare=False)
 
@@ -204,7 +205,7 @@ class RuntimeCalibration:
                 "comm_uses_cores": self.comm_uses_cores, "message_serial_s": self.message_serial_s,
                 "staging": {name: c.to_json() for name, c in zip(STAGING_PARTS, self.staging)},
                 **({"wire": self.wire.to_json()} if self.wire is not None else {}),
-                "bwd_call_s": self.bwd_call_s, "method": self.method,
+                "bwd_call_s": self.bwd_call_s, "post_s": self.post_s, "method": self.method,
                 "source": self.source, "details": dict(self.details)}
 
     @classmethod
@@ -220,7 +221,8 @@ class RuntimeCalibration:
                        message_serial_s=float(doc.get("message_serial_s", 0.0)),
                        staging=_staging_from_json(doc.get("staging")),
                        wire=Curve.from_json(doc["wire"]) if doc.get("wire") else None,
-                       bwd_call_s=float(doc.get("bwd_call_s", 0.0)), method=int(doc.get("method", 1)),
+                       bwd_call_s=float(doc.get("bwd_call_s", 0.0)), post_s=float(doc.get("post_s", 0.0)),
+                       method=int(doc.get("method", 1)),
                        details=tuple(sorted(dict(doc.get("details") or {}).items())))
         except (KeyError, TypeError, ValueError) as e:
             raise CostModelError(f"runtime calibration {doc.get('product', '?')}/{doc.get('backend', '?')}: "
@@ -251,6 +253,7 @@ def default_calibration(product: str, backend: str, world: int, cores: int | Non
                               exchange_s=50e-6, p2p=p2p, allreduce=((2, ar2),),
                               optimizer=(("adam", 20e-6, 0.9e-9), ("sgd", 15e-6, 0.55e-9)),
                               comm_uses_cores=backend == "gloo" and cores < 2 * world, source="default",
-                              message_serial_s=35e-6, bwd_call_s=35e-6, staging=tuple(Curve.fit(zip(sizes, us)) for us in (
+                              message_serial_s=35e-6, bwd_call_s=35e-6, post_s=40e-6 if backend == "gloo" else 0.0,
+                              staging=tuple(Curve.fit(zip(sizes, us)) for us in (
                                   (4e-6, 5e-6, 5e-6, 8e-6, 13e-6), (45e-6, 57e-6, 86e-6, 142e-6, 550e-6),
                                   (23e-6, 27e-6, 35e-6, 66e-6, 196e-6), (62e-6, 62e-6, 62e-6, 107e-6, 392e-6))))

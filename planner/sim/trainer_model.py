@@ -21,7 +21,9 @@ What the trainer does, and how it is modelled:
   whose producer needs a gradient send one back, as in the trainer.  A message lasts the
   calibrated point-to-point time for its bytes plus the exchange overhead.  Its sender packs it
   and its receiver places it on their own devices (`_stage`, the calibrated staging), each
-  program waiting for its part.
+  program waiting for its part.  Every receive is posted as the step begins (`_post`: gloo
+  ranks post a step's receives ahead, `trainer.comm.RecvAhead`), on the receiver's core before
+  its first op.
 * **Overheads.**  Each forward and backward task costs the calibrated per-task overhead on top
   of its kernel time (`planner.cost.calibration`).  The runtime runs a backward pass as few
   ``autograd.backward`` calls as it can: an op whose output goes, on one rank and one to one, to
@@ -414,6 +416,7 @@ def edge_plan(b, i: int, op, j: int, ccfg, pcfg) -> tuple:
         edges += [(k, inputs_in(i, dd)) for k in last]
         _stage(b, tasks, edges, key, first, last, nbytes, FORWARD_SEND, sd, ((0, p, 0, pt), arrive(i, sd)),
                inputs_in(i, sd), FORWARD_RECEIVE, dd, (inputs_in(i, dd),))
+        _post(b, tasks, edges, key, dd)
         if grads:
             key = (1, n - i, 1, j, pt, dd)
             mt, me, first, last = _message(b, key, b._route(dd, sd), rt, nbytes, (1, i) + pair)
@@ -425,6 +428,7 @@ def edge_plan(b, i: int, op, j: int, ccfg, pcfg) -> tuple:
             _stage(b, tasks, edges, key, first, last, nbytes, GRADIENT_SEND, dd,
                    tuple((1, n - i, 0, c) for c in dst) + (grads_out(n, i, dd),), grads_in(n, i, dd),
                    GRADIENT_RECEIVE, sd, (grads_in(n, i, sd), (1, n - p, 0, pt)))
+            _post(b, tasks, edges, key, sd)
     if rt.bwd_call_s > 0 and fusion_consumer(b, p) == (i, j) and not fused(b, i, op, j, ccfg, pcfg):
         # The producer runs its own backward call per task: the engine's start-up, on the program
         # of the task's device just before the task (its host on GPUs).
@@ -435,6 +439,16 @@ def edge_plan(b, i: int, op, j: int, ccfg, pcfg) -> tuple:
             edges += [(back_arrive(n, p, d), k), (k, host_task(task) if gpu else task)]
     keys = [t[0] for t in tasks]
     return tasks, edges, tuple(keys)
+
+
+def _post(b, tasks: list, edges: list, key: tuple, dst: int) -> None:
+    """The receiver posting message `key`'s receive ahead as its step begins (the calibrated
+    ``post_s``: gloo ranks post every receive of a step before their first op, `trainer.comm.RecvAhead`)."""
+    post = b.runtime.post_s
+    if post > 0 and not b.runtime.launches_async:
+        k = key + (-5,)
+        tasks.append((k, dst, post, "overhead", 0.0, "post receive"))
+        edges.append((k, arrive(0, dst)))
 
 
 def _stage(b, tasks: list, edges: list, key: tuple, first: tuple, last: tuple, nbytes: float,

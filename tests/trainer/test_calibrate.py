@@ -8,7 +8,7 @@ import pytest
 from autopar.planner.cost import Curve, ProfileCache
 from autopar.planner.cost.calibration import CALIBRATION_METHOD, STAGING_PARTS, RuntimeCalibration
 from autopar.trainer.calibrate import (IN_SITU_BATCHES, QUICK_SIZES, calibrate, fit_intercept, fit_optimizer,
-                                      message_latencies, message_serial, staging_curves)
+                                      message_latencies, message_serial, receive_posting, staging_curves)
 
 
 def _monotone_positive(points) -> bool:
@@ -39,6 +39,8 @@ def test_a_quick_calibration_of_two_ranks_is_complete_and_round_trips(tmp_path):
     assert all(row[f"{tag}{p}_{x}"] > 0 for row in chains for tag in ("", "unfused_", "cold_", "cold_unfused_")
                for p in ("fwd", "bwd") for x in ("wall", "phase"))
     assert {"warm_fwd_task_s", "warm_bwd_task_s", "bwd_task_unfused_s"} <= set(dict(cal.details))
+    # Posting the receives ahead was timed in the in-situ steps.
+    assert dict(cal.details)["posting"]["receives"] > 0 and 0 < cal.post_s < 5e-3
     assert {name for name, _, _ in cal.optimizer} == {"adam", "sgd"}
     assert all(t >= 0 and b >= 0 and t + b > 0 for _, t, b in cal.optimizer)
     assert cal.optimizer_time("adam", 10, 40e6) > 0
@@ -157,3 +159,11 @@ def test_the_calibration_target_names_product_and_backend_and_refuses_what_this_
     have = torch.cuda.device_count() if torch.cuda.is_available() else 0
     with pytest.raises(TrainerConfigError, match=f"{have + 1} CUDA rank.s. need one GPU each.*calibrate fewer"):
         calibration_target(have + 1, "cuda")
+
+
+def test_receive_posting_is_the_mean_over_every_receive_of_every_rank():
+    per_rank = [{2: {"posting": [(1e-3, 10), (3e-3, 10)]}}, {2: {"posting": [(0.0, 0)]}, 8: {"posting": [(2e-3, 20)]}}]
+    seconds, details = receive_posting(per_rank)
+    assert seconds == pytest.approx(6e-3 / 40) and details["receives"] == 40
+    with pytest.raises(ValueError, match="posted no receive"):
+        receive_posting([{2: {"posting": [(0.0, 0)]}}])

@@ -288,3 +288,26 @@ def test_an_op_not_fused_into_its_consumer_pays_the_engines_start_up_for_its_own
     (s1, w1), (s0, w0) = busy(alternating, 1e-3), busy(alternating, 0.0)
     assert w1 - w0 == pytest.approx(own * 1e-3, rel=1e-3)
     assert s1 - s0 >= (own - 1) * 1e-3 * 0.99      # the ranks take turns: nearly all of it is on the path
+
+
+def test_every_receive_is_posted_on_its_receivers_core_before_the_step_begins():
+    """gloo ranks post a step's receives ahead (`trainer.comm.RecvAhead`): one ``post_s`` per
+    message on the receiving device, before that device's first op."""
+    from dataclasses import replace
+
+    g = mlp()
+    topo = get_preset("local:2")
+    strategy = model_parallel(g, 2)
+    cal = replace(default_calibration(topo.devices[0].product, "gloo", 2), post_s=1e-3)
+    res, tl, tg = simulate_strategy(TaskGraphBuilder(g, topo, CostModel().bind(g), "sgd", runtime=cal), strategy)
+    posts = [k for k in tg if tg.task(k).label == "post receive"]
+    messages = [k for k in tg if len(k) == 7 and k[-1] == -1]        # each message's latency
+    assert posts and len(posts) == len(messages)
+    for k in posts:
+        d = tg.task(k).resource
+        first = min(tl.start[f] for f in tg if f[:1] == (0,) and len(f) == 4 and tg.task(f).kind == "forward"
+                    and tg.task(f).resource == d)
+        assert tg.task(k).duration == 1e-3 and tl.start[k] + 1e-3 <= first + 1e-12
+    no_posts = simulate_strategy(TaskGraphBuilder(g, topo, CostModel().bind(g), "sgd",
+                                                  runtime=replace(cal, post_s=0.0)), strategy)[0]
+    assert res.step_time > no_posts.step_time
