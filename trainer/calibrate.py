@@ -460,7 +460,7 @@ def _evicting_spans(rt_mod, device: torch.device):
     caches for the same reason.  The chains' tiny ops evict nothing, and their bookkeeping ran
     warm: 8-9 us per forward task outside the spans here, against 22 us with a 4 MiB write inside
     each span and 27-34 us per forward task in the zoo's models' steps (docs/simulation.md)."""
-    from autopar.planner.cost.profiler import cache_evictor
+    from autopar.planner.cost import cache_evictor
     evict = cache_evictor(device)
     original = rt_mod._Span.__exit__
 

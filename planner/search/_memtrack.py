@@ -3,7 +3,8 @@
 `planner.sim.memory.peak_memory` sums three kinds of contributions: the parameter state each device
 holds (per parameter), the output shards of each op's tasks (per op) and the input pieces each
 op receives from other devices (per input edge).  A one-op change touches only its own outputs,
-its input and output edges and its parameters, so `MemoryTracker.change` recomputes exactly those
+its input and output edges (`planner.sim.memory.edge_memory`, receives posted ahead included)
+and its parameters, so `MemoryTracker.change` recomputes exactly those
 and adjusts the totals; the result equals `peak_memory` of the new strategy (tested).
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 from ..ir.graph import OperatorGraph
 from ..ir.regions import union_volume, volume
 from ..ir.strategy import ParallelConfig, Strategy
+from ..sim.memory import edge_memory
 from ..sim.taskgraph import OPTIMIZER_STATES, TaskGraphBuilder
 
 
@@ -111,10 +113,4 @@ class MemoryTracker:
 
     def _edge(self, op_name: str, j: int) -> dict[int, int]:
         op = self.graph[op_name]
-        ref = op.inputs[j]
-        itemsize = self.graph[ref.op].outputs[ref.index].itemsize
-        transfers, _ = self.builder.transfers(op, j, self.strategy[op_name], self.strategy[ref.op], itemsize)
-        out: dict[int, int] = {}
-        for tr in transfers:
-            out[tr.dst_dev] = out.get(tr.dst_dev, 0) + int(tr.nbytes)
-        return out
+        return edge_memory(self.builder, op, j, self.strategy[op_name], self.strategy[op.inputs[j].op])

@@ -11,6 +11,11 @@ backward pass needs is alive, and so are the parameters, their gradients and the
   received from another device (kept for the backward pass).  Ops with no parameters and no
   saved inputs could free theirs earlier; we do not model recomputation or early freeing, so the
   figure is an upper bound of what a straightforward runtime keeps.
+* Receives posted ahead: on gloo ranks the runtime posts a step's receives as it begins
+  (`autopar.trainer.comm.RecvAhead`, up to 64 MiB beyond the exchange it waits for), so at the end
+  of the forward pass the buffers for the gradients still to come back are allocated too: every
+  piece a device sent forward that returns a gradient counts once more on the sender (the
+  budget's cap is not applied, keeping the figure an upper bound and a sum over edges).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 from ..ir.regions import union_volume, volume
 from ..ir.strategy import Strategy
 from .taskgraph import OPTIMIZER_STATES, TaskGraphBuilder
+from .trainer_model import _FLOAT
 
 
 def peak_memory(builder: TaskGraphBuilder, strategy: Strategy) -> dict[int, int]:
@@ -35,12 +41,26 @@ def peak_memory(builder: TaskGraphBuilder, strategy: Strategy) -> dict[int, int]
             for k, out in enumerate(op.outputs):
                 mem[dev] += volume(op.output_box(k, ranges[t])) * out.itemsize
         for j, ref in enumerate(op.inputs):
-            pcfg = strategy[ref.op]
-            itemsize = g[ref.op].outputs[ref.index].itemsize
-            transfers, _ = builder.transfers(op, j, cfg, pcfg, itemsize)
-            for tr in transfers:
-                mem[tr.dst_dev] += int(tr.nbytes)
+            for d, n in edge_memory(builder, op, j, cfg, strategy[ref.op]).items():
+                mem[d] += n
     return {d: int(m) for d, m in enumerate(mem)}
+
+
+def edge_memory(builder: TaskGraphBuilder, op, j: int, cfg, pcfg) -> dict[int, int]:
+    """Bytes input `j` of `op` holds at the peak per device (module doc): the pieces received, and
+    on gloo ranks the buffers posted ahead for their gradients on the senders."""
+    ref = op.inputs[j]
+    spec = builder.graph[ref.op].outputs[ref.index]
+    transfers, _ = builder.transfers(op, j, cfg, pcfg, spec.itemsize)
+    rt = builder.runtime
+    ahead = (rt is not None and not rt.launches_async and spec.dtype in _FLOAT
+             and builder._requires_grad[builder.graph.index[ref.op]])
+    out: dict[int, int] = {}
+    for tr in transfers:
+        out[tr.dst_dev] = out.get(tr.dst_dev, 0) + int(tr.nbytes)
+        if ahead:
+            out[tr.src_dev] = out.get(tr.src_dev, 0) + int(tr.nbytes)
+    return out
 
 
 def check_fits(builder: TaskGraphBuilder, strategy: Strategy, peak: dict[int, int] | None = None) -> list[str]:

@@ -311,3 +311,50 @@ def test_every_receive_is_posted_on_its_receivers_core_before_the_step_begins():
     no_posts = simulate_strategy(TaskGraphBuilder(g, topo, CostModel().bind(g), "sgd",
                                                   runtime=replace(cal, post_s=0.0)), strategy)[0]
     assert res.step_time > no_posts.step_time
+
+
+def test_gloo_ranks_hold_the_buffers_of_the_gradients_they_will_receive_at_the_forward_peak():
+    """Receives are posted as the step begins (`trainer.comm.RecvAhead`): a piece sent forward
+    whose gradient comes back costs its sender that many bytes at the peak too; on NCCL ranks
+    and in FlexFlow's model nothing is posted ahead."""
+    from dataclasses import replace
+
+    from autopar.planner.sim import peak_memory
+    from autopar.planner.sim.memory import edge_memory
+
+    g = mlp()
+    topo = get_preset("local:2")
+    strategy = model_parallel(g, 2)
+    gloo = TaskGraphBuilder(g, topo, CostModel().bind(g))
+    plain = TaskGraphBuilder(g, topo, CostModel().bind(g), runtime=None)
+    nccl = TaskGraphBuilder(g, topo, CostModel().bind(g), runtime=replace(gloo.runtime, backend="nccl"))
+    sent: dict[int, int] = {}
+    for op in g.ops:
+        for j, ref in enumerate(op.inputs):
+            spec = g[ref.op].outputs[ref.index]
+            if spec.dtype != "float32" or not gloo._requires_grad[g.index[ref.op]]:
+                continue
+            for tr in gloo.transfers(op, j, strategy[op.name], strategy[ref.op], spec.itemsize)[0]:
+                sent[tr.src_dev] = sent.get(tr.src_dev, 0) + int(tr.nbytes)
+    assert sum(sent.values()) > 0
+    base = peak_memory(plain, strategy)
+    assert peak_memory(nccl, strategy) == base
+    assert peak_memory(gloo, strategy) == {d: base[d] + sent.get(d, 0) for d in base}
+    labels = next(op for op in g.ops if op.name == "loss")       # int64 labels send no gradient back
+    j = next(j for j, ref in enumerate(labels.inputs) if ref.op == "labels")
+    assert edge_memory(gloo, labels, j, strategy["loss"], strategy["labels"]) == \
+        edge_memory(plain, labels, j, strategy["loss"], strategy["labels"])
+
+
+def test_incremental_peak_memory_counts_the_receives_posted_ahead_like_the_full_count():
+    from autopar.planner.search._memtrack import MemoryTracker
+    from autopar.planner.sim import peak_memory
+
+    g = rnn(steps=3)
+    b = TaskGraphBuilder(g, get_preset("local:2"), CostModel().bind(g))
+    tracker = MemoryTracker(b, data_parallel(g, 2))
+    rng = random.Random(7)
+    for _ in range(40):
+        op = rng.choice(g.ops)
+        tracker.change(op.name, random_config(op, 2, rng))
+        assert tracker.peak() == peak_memory(b, tracker.strategy)
