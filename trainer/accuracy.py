@@ -24,10 +24,13 @@ overheads, point-to-point and all-reduce times under load, the optimizer), as `a
    (7.5 % once here) would make the searched plan look slower than itself.
 
 Per row: ``simulated_s``, ``measured_s`` (median step), ``cv`` (coefficient of variation of the
-measured steps) and ``error`` = simulated / measured - 1, and both sides split into parts:
-compute (forward and backward of the ops), the optimizer step, and the rest (moving tensors,
-waiting for peers and all-reduces, framework overhead), so a row that misses says which part
-was off.  Totals: median, 90th percentile and largest absolute error, the mean signed error,
+measured steps) and ``error`` = simulated / measured - 1, and both sides split into the same
+parts (`planner.sim.STEP_PARTS`), so a row that misses says which part was off (``off``):
+compute (the ops' forward and backward spans), transfer (the exchanges' spans: moving tensors
+and waiting for peers), synchronization (waiting for the gradients' all-reduces), the optimizer
+step, and overhead (the rest: the runtime's own work between the spans).  A measured step shows
+an all-reduce that runs on the ranks' cores during the backward pass as slower compute; the
+simulated one counts it as synchronization.  Totals: median, 90th percentile and largest absolute error, the mean signed error,
 Kendall's tau over the pairs of one model's strategies whose measured times differ by more than
 twice their CV, and ``searched_vs_best_measured``: the searched plan's measured time over the
 best measured time of its model.  Apart from them, ``residual``: the one factor (measured over
@@ -48,6 +51,7 @@ from typing import Any, Callable
 
 import torch.distributed as dist
 
+from autopar.planner.sim import STEP_PARTS
 from autopar.planner.zoo import with_dtype
 
 from .comm import ProcessGroups
@@ -126,23 +130,14 @@ def strategies(graph, topology, cost, module, settings: dict, log: Callable[[str
 # -- simulation ------------------------------------------------------------------------------------
 
 def simulate_parts(builder, strategy) -> tuple[float, dict[str, float]]:
-    """The simulated step and its parts on its busiest device: compute (forward and backward
-    tasks), optimizer (updates) and the rest of the step (transfers, waiting, synchronization)."""
-    from autopar.planner.sim import simulate_strategy
+    """The simulated step and its parts (`planner.sim.STEP_PARTS`: compute, transfer,
+    synchronization, optimizer, overhead) on its busiest device, the one with the most compute
+    and optimizer time (`planner.sim.step_parts`)."""
+    from autopar.planner.sim import simulate_strategy, step_parts
     res, tl, tg = simulate_strategy(builder, strategy)
-    per_dev: dict[int, dict[str, float]] = {}
-    for key in tg:
-        info = tg.task(key)
-        if isinstance(info.resource, tuple) or info.resource >= builder.num_devices:
-            continue
-        part = {"forward": "compute", "backward": "compute", "update": "optimizer"}.get(info.kind)
-        if part is not None:
-            d = per_dev.setdefault(info.resource, {"compute": 0.0, "optimizer": 0.0})
-            d[part] += info.duration
+    per_dev = step_parts(builder, tg, tl)
     dev = max(per_dev, key=lambda d: per_dev[d]["compute"] + per_dev[d]["optimizer"])
-    parts = dict(per_dev[dev])
-    parts["rest"] = res.step_time - parts["compute"] - parts["optimizer"]
-    return res.step_time, parts
+    return res.step_time, per_dev[dev]
 
 
 # -- measurement (runs in the ranks) -----------------------------------------------------------------
@@ -193,9 +188,9 @@ def _measured_row(per_rank: list[list[tuple[float, dict]]]) -> tuple[float, floa
 
     def part(names) -> float:
         return statistics.median(sum(w[1][n] for n in names) for w in worst)
-    compute, optimizer = part(("fwd", "bwd")), part(("optimizer step",))
-    parts = {"compute": compute, "optimizer": optimizer, "rest": med - compute - optimizer,
-             "moving": part(("exchange", "grad exchange")), "sync_wait": part(("sync",))}
+    parts = {"compute": part(("fwd", "bwd")), "transfer": part(("exchange", "grad exchange")),
+             "synchronization": part(("sync",)), "optimizer": part(("optimizer step",))}
+    parts["overhead"] = max(0.0, med - sum(parts.values()))
     return med, cv, parts
 
 
@@ -275,7 +270,7 @@ def residual(rows: list[dict[str, Any]], fit_models: int = 2) -> dict[str, Any] 
 
 def _off_part(sim: dict[str, float], meas: dict[str, float]) -> str:
     """The part whose simulated seconds are furthest from the measured ones."""
-    gaps = {k: sim[k] - meas[k] for k in ("compute", "optimizer", "rest")}
+    gaps = {k: sim[k] - meas[k] for k in STEP_PARTS}
     k = max(gaps, key=lambda p: abs(gaps[p]))
     return f"{k} {'over' if gaps[k] > 0 else 'under'} by {abs(gaps[k]) * 1e3:.1f} ms"
 

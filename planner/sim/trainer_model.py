@@ -532,3 +532,62 @@ def sync_plan(b, holdings: dict) -> tuple:
             edges.append((z, arrive(0, d)))
     return tasks, edges, tuple(keys)
 
+
+
+# -- what a simulated step spends its time on ------------------------------------------------------
+
+#: The parts of a step, as the trainer's phase timers split a measured one (`step_parts`).
+STEP_PARTS = ("compute", "transfer", "synchronization", "optimizer", "overhead")
+
+
+def step_parts(b, tg, tl) -> dict[int, dict[str, float]]:
+    """Per device, the simulated step (task graph `tg`, timeline `tl` of builder `b`) in the parts
+    the trainer's phases time a real one (`autopar.trainer.runtime.PHASES`):
+
+    * ``compute``: the ops' forward and backward tasks less the runtime's per-task overhead,
+      which falls between the phases' spans, plus the engine's start-up of an op's own backward
+      call, which falls inside them;
+    * ``transfer``: the program's time in its ops' exchanges, forward and backward (from reaching
+      an exchange to having its inputs, or its gradients, staged: the ``exchange`` and ``grad
+      exchange`` spans);
+    * ``synchronization``: waiting for the buckets' all-reduces after the backward pass (the
+      ``sync`` span), plus, where communication runs on the ranks' cores, the all-reduces' time
+      on the device during the backward pass (a real step shows it as slower compute);
+    * ``optimizer``: the optimizer step;
+    * ``overhead``: the rest of the step (the per-task overhead, posting receives, zeroing the
+      gradient buckets).
+    """
+    rt: RuntimeCalibration = b.runtime
+    n = b.num_ops
+    grads = b._requires_grad
+    out: dict[int, dict[str, float]] = {}
+    for d in range(b.num_devices):
+        part = dict.fromkeys(STEP_PARTS, 0.0)
+        part["transfer"] = sum(tl.start[inputs_in(i, d)] - tl.end[arrive(i, d)]
+                               + tl.start[grads_in(n, i, d)] - tl.end[grads_out(n, i, d)] for i in range(n))
+        end_backward = tl.end[back_arrive(n, -1, d)]
+        part["synchronization"] = tl.start[sync_wait(d)] - end_backward
+        out[d] = part
+    for key in tg:
+        info = tg.task(key)
+        res = info.resource
+        if info.kind == "comm" and isinstance(res, tuple):
+            for d in res:
+                if d < b.num_devices:
+                    overlap = min(tl.end[key], tl.end[back_arrive(n, -1, d)]) - tl.start[key]
+                    out[d]["synchronization"] += max(0.0, overlap)
+            continue
+        if isinstance(res, tuple) or res >= b.num_devices:
+            continue
+        if info.kind == "forward":
+            out[res]["compute"] += max(0.0, info.duration - (0.0 if rt.launches_async else rt.fwd_task_s))
+        elif info.kind == "backward":
+            own = 0.0 if rt.launches_async or not grads[n - key[1]] else rt.bwd_task_s
+            out[res]["compute"] += max(0.0, info.duration - own)
+        elif info.kind == "update":
+            out[res]["optimizer"] += info.duration
+        elif len(key) == 4 and key[2] == 4:               # an op's own backward call (`engine_call`)
+            out[res]["compute"] += info.duration
+    for d, part in out.items():
+        part["overhead"] = max(0.0, tl.makespan - sum(part[p] for p in STEP_PARTS if p != "overhead"))
+    return out

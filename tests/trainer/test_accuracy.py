@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from autopar.planner.sim import STEP_PARTS
 from autopar.trainer.accuracy import _measured_row, kendall_tau, run_accuracy_bench, totals
 
 
@@ -43,7 +44,8 @@ def test_a_step_lasts_as_long_as_its_slowest_rank():
     med, cv, parts = _measured_row([rank0, rank1])
     assert med == pytest.approx(0.07)          # steps last 0.06, 0.07, 0.08
     assert parts["compute"] == pytest.approx(0.03) and parts["optimizer"] == pytest.approx(0.003)
-    assert parts["rest"] == pytest.approx(0.07 - 0.033) and cv > 0
+    assert parts["synchronization"] == pytest.approx(0.001) and parts["transfer"] == 0.0
+    assert parts["overhead"] == pytest.approx(0.07 - 0.034) and cv > 0
 
 
 @pytest.mark.timeout(600)
@@ -54,7 +56,9 @@ def test_a_small_accuracy_run_reports_every_row_and_the_totals():
     for r in doc["rows"]:
         assert r["simulated_s"] > 0 and r["measured_s"] > 0 and r["error"] == pytest.approx(
             r["simulated_s"] / r["measured_s"] - 1)
-        assert set(r["simulated_parts_s"]) == {"compute", "optimizer", "rest"}
+        assert set(r["simulated_parts_s"]) == set(r["measured_parts_s"]) == set(STEP_PARTS)
+        assert sum(r["simulated_parts_s"].values()) == pytest.approx(r["simulated_s"], rel=1e-6)
+        assert r["off"].split()[0] in STEP_PARTS
     # A plan two strategies share trained once: the later row names the first and has its numbers.
     seen: dict = {}
     for r in doc["rows"]:

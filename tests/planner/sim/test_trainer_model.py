@@ -358,3 +358,29 @@ def test_incremental_peak_memory_counts_the_receives_posted_ahead_like_the_full_
         op = rng.choice(g.ops)
         tracker.change(op.name, random_config(op, 2, rng))
         assert tracker.peak() == peak_memory(b, tracker.strategy)
+
+
+def test_a_simulated_step_splits_into_the_parts_the_trainers_phases_time():
+    """`step_parts`: the parts add up to the step on every device; a single device moves nothing
+    and synchronizes nothing, model parallelism spends time in exchanges, and data parallelism in
+    its buckets' all-reduces."""
+    from autopar.planner.ir import single_device
+    from autopar.planner.sim import STEP_PARTS, step_parts
+
+    g = rnn(steps=3)
+    topo = get_preset("local:2")
+    b = TaskGraphBuilder(g, topo, CostModel().bind(g))
+
+    def parts(strategy):
+        res, tl, tg = simulate_strategy(b, strategy)
+        out = step_parts(b, tg, tl)
+        for d, p in out.items():
+            assert set(p) == set(STEP_PARTS) and min(p.values()) >= 0
+            assert sum(p.values()) == pytest.approx(res.step_time, rel=1e-9)
+        return out
+
+    one = parts(single_device(g))[0]
+    assert one["transfer"] == 0 and one["synchronization"] == pytest.approx(0, abs=1e-6)
+    assert min(one["compute"], one["overhead"], one["optimizer"]) > 0
+    assert max(p["transfer"] for p in parts(model_parallel(g, 2)).values()) > 0
+    assert min(p["synchronization"] for p in parts(data_parallel(g, 2)).values()) > 0
