@@ -28,7 +28,8 @@ measured steps) and ``error`` = simulated / measured - 1, and both sides split i
 parts (`planner.sim.STEP_PARTS`), so a row that misses says which part was off (``off``):
 compute (the ops' forward and backward spans), transfer (the exchanges' spans: moving tensors
 and waiting for peers), synchronization (waiting for the gradients' all-reduces), the optimizer
-step, and overhead (the rest: the runtime's own work between the spans).  A measured step shows
+step, and overhead (the rest: the runtime's own work between the spans), on both sides for the
+rank with the most compute and optimizer time.  A measured step shows
 an all-reduce that runs on the ranks' cores during the backward pass as slower compute; the
 simulated one counts it as synchronization.  Totals: median, 90th percentile and largest absolute error, the mean signed error,
 Kendall's tau over the pairs of one model's strategies whose measured times differ by more than
@@ -178,19 +179,23 @@ def _measure(rank: int, world: int, jobs: list[Job], warmup: int, steps: int) ->
 
 
 def _measured_row(per_rank: list[list[tuple[float, dict]]]) -> tuple[float, float, dict[str, float]]:
-    """(median step, CV, parts) of one job: a step lasts as long as its slowest rank; the parts are
-    the slowest rank's medians."""
+    """(median step, CV, parts) of one job: a step lasts as long as its slowest rank.  The parts
+    are one rank's medians, the rank with the most compute and optimizer time, the same rule
+    `simulate_parts` picks the simulated device by (the slowest rank of a pipeline is often the
+    one that waits); its overhead is the rest of its own median step."""
     steps = list(zip(*per_rank))                   # per step: each rank's (seconds, phases)
-    worst = [max(s, key=lambda rp: rp[0]) for s in steps]
-    times = [w[0] for w in worst]
+    times = [max(rp[0] for rp in s) for s in steps]
     med = statistics.median(times)
     cv = statistics.stdev(times) / statistics.fmean(times) if len(times) > 1 else 0.0
 
-    def part(names) -> float:
-        return statistics.median(sum(w[1][n] for n in names) for w in worst)
-    parts = {"compute": part(("fwd", "bwd")), "transfer": part(("exchange", "grad exchange")),
-             "synchronization": part(("sync",)), "optimizer": part(("optimizer step",))}
-    parts["overhead"] = max(0.0, med - sum(parts.values()))
+    def parts_of(rank: list[tuple[float, dict]]) -> dict[str, float]:
+        def part(names) -> float:
+            return statistics.median(sum(ph[n] for n in names) for _, ph in rank)
+        out = {"compute": part(("fwd", "bwd")), "transfer": part(("exchange", "grad exchange")),
+               "synchronization": part(("sync",)), "optimizer": part(("optimizer step",))}
+        out["overhead"] = max(0.0, statistics.median(t for t, _ in rank) - sum(out.values()))
+        return out
+    parts = max((parts_of(r) for r in per_rank), key=lambda p: p["compute"] + p["optimizer"])
     return med, cv, parts
 
 
