@@ -94,7 +94,10 @@ is: run it when nothing else competes for the cores.  `calibrate(world)` measure
    The median phase time is fitted as ``T * per_tensor + T * B * per_byte`` by non-negative
    least squares of the relative residuals (`fit_optimizer`): the small tensors pin the
    per-tensor cost (about 30 us for SGD here, cold), the large ones the per-byte cost (about
-   0.5 ms per MiB), and neither drowns the other.
+   0.5 ms per MiB), and neither drowns the other.  The same steps time every call that issues a
+   bucket's all-reduce on a rank's own thread (`trainer.sync.GradSync._issue`): ``issue``, the
+   mean per bucket size (`issue_curve`).  A gloo all-reduce started asynchronously still costs
+   its caller 0.5-0.7 ms per bucket in the zoo's data-parallel steps.
 
 6. **Messages inside steps** (`fit_exchange_latency`): the trainer runs a model-parallel chain
    (`in_situ_job`) at batches of 2 to 2048 rows (messages of 1 KiB to 1 MiB, `IN_SITU_BATCHES`)
@@ -528,10 +531,39 @@ def _overhead_rank(rank: int, world: int, cfg: Settings, device_kind: str = "cpu
     return {"chains": rows}
 
 
-def _optimizer_rank(rank: int, world: int, cfg: Settings,
-                    kind: str = "cpu") -> dict[str, list[tuple[int, float, float]]]:
-    """One rank's optimizer samples (`_optimizer_in_steps`)."""
-    return _optimizer_in_steps(rank, world, cfg, rank_device(kind, rank))
+def _optimizer_rank(rank: int, world: int, cfg: Settings, kind: str = "cpu") -> dict[str, Any]:
+    """One rank's optimizer samples (`_optimizer_in_steps`, ``optimizer``) and the (bytes,
+    seconds) of every bucket's all-reduce it issued in those steps (``issues``): the call that
+    starts it, on the rank's own thread (`trainer.sync.GradSync._issue`)."""
+    from . import sync as sync_mod
+    issues: list[tuple[int, float]] = []
+    issue = sync_mod.GradSync._issue
+
+    def timed_issue(gs, k):
+        t0 = time.perf_counter()
+        issue(gs, k)
+        issues.append((gs.mine[k].numel * 4, time.perf_counter() - t0))
+    sync_mod.GradSync._issue = timed_issue
+    try:
+        samples = _optimizer_in_steps(rank, world, cfg, rank_device(kind, rank))
+    finally:
+        sync_mod.GradSync._issue = issue
+    return {"optimizer": samples, "issues": issues}
+
+
+def issue_curve(per_rank: list[list[tuple[int, float]]]) -> tuple[Curve | None, dict]:
+    """Seconds a rank's thread spends issuing one bucket's all-reduce, against the bucket's bytes:
+    the mean per size over every rank's issues (a step pays the slow ones too), monotone; None
+    where nothing was issued."""
+    by_size: dict[int, list[float]] = {}
+    for issues in per_rank:
+        for nbytes, seconds in issues:
+            by_size.setdefault(int(nbytes), []).append(seconds)
+    if not by_size:
+        return None, {}
+    means = {size: statistics.fmean(v) for size, v in sorted(by_size.items())}
+    return Curve.fit(means.items()), {"issues": sum(map(len, by_size.values())),
+                                      "mean_s": {str(size): m for size, m in means.items()}}
 
 
 def optimizer_job(name: str, tensors: int, nbytes: int, world: int):
@@ -721,9 +753,11 @@ def calibrate(world: int, *, quick: bool = False, progress: Callable[[str], None
     res = run_local(_overhead_rank, 1, (cfg, kind), backend=backend)[0]
     say(f"optimizer steps on {world} rank(s) at once")
     per_rank = run_local(_optimizer_rank, world, (cfg, kind), backend=backend)
-    res["optimizer"] = {name: [(t, b, statistics.median(r[name][k][2] for r in per_rank))
+    res["optimizer"] = {name: [(t, b, statistics.median(r["optimizer"][name][k][2] for r in per_rank))
                                for k, (t, b, _) in enumerate(samples)]
-                        for name, samples in per_rank[0].items()}
+                        for name, samples in per_rank[0]["optimizer"].items()}
+    issue, issued = issue_curve([r["issues"] for r in per_rank]) if world >= 2 else (None, {})
+    details["allreduce_issue"] = issued
     chains = res["chains"]
     # On a CPU rank the runtime's cost adds to the kernels it runs.  On a GPU the host issues
     # kernels that run behind it, and a chain of tiny ops is paced by the host alone: the runtime's
@@ -768,7 +802,7 @@ def calibrate(world: int, *, quick: bool = False, progress: Callable[[str], None
     cal = RuntimeCalibration(product=product, backend=backend, world=world, fwd_task_s=fwd_task_s,
                              bwd_task_s=bwd_task_s, bwd_call_s=max(0.0, unfused_s - bwd_task_s), exchange_s=exchange_s, p2p=p2p, allreduce=tuple(allreduce),
                              optimizer=tuple(optimizer),
-                             comm_uses_cores=not gpu and (os.cpu_count() or 1) < 2 * world,
+                             comm_uses_cores=not gpu and (os.cpu_count() or 1) < 2 * world, issue=issue,
                              source="measured", wire=wire, details=())
 
     # 6. and 8.
@@ -1119,6 +1153,7 @@ def summary(cal: RuntimeCalibration) -> dict[str, Any]:
             "allreduce_1MiB_us": cal.allreduce_time(1 << 20, cal.world) * us,
             "fwd_task_us": cal.fwd_task_s * us, "bwd_task_us": cal.bwd_task_s * us, "bwd_call_us": cal.bwd_call_s * us,
             "exchange_us": cal.exchange_s * us, "post_us": cal.post_s * us,
+            "allreduce_issue_4MiB_us": cal.issue_time(4 << 20) * us,
             "optimizer": {name: {"tensor_us": t * us, "MiB_us": b * (1 << 20) * us}
                           for name, t, b in cal.optimizer},
             "staging_1MiB_us": {name: cal.staging_time(k, 1 << 20) * us for k, name in enumerate(STAGING_PARTS)}
@@ -1134,7 +1169,8 @@ def summary_line(cal: RuntimeCalibration) -> str:
     return (f"p2p {s['p2p_4B_us']:.0f} us at 4 B, {s['p2p_1MiB_us']:.0f} us at 1 MiB; all-reduce "
             f"{s['allreduce_1MiB_us']:.0f} us at 1 MiB ({max(2, cal.world)} ranks); overheads fwd "
             f"{s['fwd_task_us']:.0f} us, bwd {s['bwd_task_us']:.0f} us per task (+{s['bwd_call_us']:.0f} us per own "
-            f"backward call), exchange {s['exchange_us']:.0f} us, {s['post_us']:.0f} us per receive posted; "
+            f"backward call), exchange {s['exchange_us']:.0f} us, {s['post_us']:.0f} us per receive posted, "
+            f"{s['allreduce_issue_4MiB_us']:.0f} us to issue a 4 MiB all-reduce; "
             f"optimizer {opt}"
             + ("; staging of 1 MiB " + ", ".join(f"{name.replace('_', ' ')} {v:.0f} us"
                                                    for name, v in s["staging_1MiB_us"].items())

@@ -131,7 +131,8 @@ class Curve:
 #: (`planner.cost.ProfileCache.load`).  1: the runtime's per-task overheads from chains of tiny ops,
 #: warm.  2: their work between ops timed with every op evicting the core's caches, as a real
 #: model's ops do, and the engine's start-up of an unfused op's own backward call apart
-#: (``bwd_call_s``; `autopar.trainer.calibrate`, stage 3); the posting of receives ahead (``post_s``).
+#: (``bwd_call_s``; `autopar.trainer.calibrate`, stage 3); the posting of receives ahead (``post_s``)
+#: and the issuing of a bucket's all-reduce (``issue``).
 CALIBRATION_METHOD = 2
 
 
@@ -155,6 +156,7 @@ class RuntimeCalibration:
     wire: Curve | None = None                      # the bytes' time on the link; None: p2p less p2p(0)
     bwd_call_s: float = 0.0                        # an unfused op's own autograd call, per task
     post_s: float = 0.0                            # posting one receive ahead (gloo), per message
+    issue: Curve | None = None                     # issuing a bucket's all-reduce, by its bytes
     method: int = CALIBRATION_METHOD               # how it was measured (`CALIBRATION_METHOD`)
     details: tuple[tuple[str, Any], ...] = field(default=(), compare=False)
 
@@ -179,6 +181,11 @@ class RuntimeCalibration:
             if size >= group:
                 return curve(nbytes)
         return self.allreduce[-1][1](nbytes)
+
+    def issue_time(self, nbytes: float) -> float:
+        """Seconds a rank's own thread spends starting the all-reduce of a bucket of `nbytes`
+        (``issue``; 0 where it was not measured)."""
+        return self.issue(nbytes) if self.issue is not None else 0.0
 
     def optimizer_time(self, name: str, tensors: int, nbytes: float) -> float | None:
         """Seconds of one step of optimizer `name` over `tensors` parameter tensors of `nbytes`
@@ -206,6 +213,7 @@ class RuntimeCalibration:
                 "staging": {name: c.to_json() for name, c in zip(STAGING_PARTS, self.staging)},
                 **({"wire": self.wire.to_json()} if self.wire is not None else {}),
                 "bwd_call_s": self.bwd_call_s, "post_s": self.post_s, "method": self.method,
+                **({"issue": self.issue.to_json()} if self.issue is not None else {}),
                 "source": self.source, "details": dict(self.details)}
 
     @classmethod
@@ -223,6 +231,7 @@ class RuntimeCalibration:
                        wire=Curve.from_json(doc["wire"]) if doc.get("wire") else None,
                        bwd_call_s=float(doc.get("bwd_call_s", 0.0)), post_s=float(doc.get("post_s", 0.0)),
                        method=int(doc.get("method", 1)),
+                       issue=Curve.from_json(doc["issue"]) if doc.get("issue") else None,
                        details=tuple(sorted(dict(doc.get("details") or {}).items())))
         except (KeyError, TypeError, ValueError) as e:
             raise CostModelError(f"runtime calibration {doc.get('product', '?')}/{doc.get('backend', '?')}: "
@@ -254,6 +263,7 @@ def default_calibration(product: str, backend: str, world: int, cores: int | Non
                               optimizer=(("adam", 20e-6, 0.9e-9), ("sgd", 15e-6, 0.55e-9)),
                               comm_uses_cores=backend == "gloo" and cores < 2 * world, source="default",
                               message_serial_s=35e-6, bwd_call_s=35e-6, post_s=40e-6 if backend == "gloo" else 0.0,
+                              issue=Curve.fit([(64 << 10, 150e-6), (4 << 20, 500e-6)]),
                               staging=tuple(Curve.fit(zip(sizes, us)) for us in (
                                   (4e-6, 5e-6, 5e-6, 8e-6, 13e-6), (45e-6, 57e-6, 86e-6, 142e-6, 550e-6),
                                   (23e-6, 27e-6, 35e-6, 66e-6, 196e-6), (62e-6, 62e-6, 62e-6, 107e-6, 392e-6))))

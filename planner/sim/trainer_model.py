@@ -33,7 +33,7 @@ What the trainer does, and how it is modelled:
   that issues them, each task is a host part and a device part on two streams (`op_plan`).
 * **Gradient synchronization** in buckets (`planner.sim.buckets`, the trainer's own plan): a
   bucket's all-reduce starts when every rank of its group has passed the bucket's op in the
-  backward pass, and lasts the calibrated all-reduce time for its bytes and group size, on the
+  backward pass and issued it (the calibrated ``issue`` on each rank's program, `_issue`), and lasts the calibrated all-reduce time for its bytes and group size, on the
   ring's links — and on the ranks' devices too when communication runs on their cores
   (``comm_uses_cores``).  At the end each rank waits for its buckets (`S`) and runs its optimizer
   step over all its shards (`O`): the calibrated optimizer time for its tensors and bytes (the
@@ -472,6 +472,23 @@ def _stage(b, tasks: list, edges: list, key: tuple, first: tuple, last: tuple, n
         edges += [(q, k) for q in last] + [(k, nxt) for nxt in dst_next]
 
 
+def _issue(b, tasks: list, edges: list, keys: list, k: int, bucket, parts: list) -> None:
+    """Each member rank's thread issuing bucket `k`'s all-reduce (the calibrated ``issue``) when
+    its program passes the bucket's op, before the program goes on and before the all-reduce (its
+    tasks `parts`) starts (`trainer.sync.GradSync._issue`)."""
+    rt: RuntimeCalibration = b.runtime
+    seconds = rt.issue_time(bucket.nbytes)
+    if seconds <= 0:
+        return
+    n, i = b.num_ops, bucket.after_op - 1
+    for d in bucket.devices:
+        key = (2, k, -1, d)
+        tasks.append((key, _CHAIN_BASE + d if rt.launches_async else d, seconds, "overhead", 0.0, f"issue bucket {k}"))
+        keys.append(key)
+        after = grads_out(n, i, d) if i >= 0 else sync_wait(d)
+        edges += [(back_arrive(n, i, d), key), (key, after)] + [(key, p) for p in parts]
+
+
 def sync_plan(b, holdings: dict) -> tuple:
     """Gradient buckets' all-reduces, each rank's wait for them and its optimizer step, given
     every parameter's holdings (parameter -> device -> boxes)."""
@@ -491,6 +508,7 @@ def sync_plan(b, holdings: dict) -> tuple:
                 if link not in links:
                     links.append(link)
         res = tuple(links) + (tuple(devs) if rt.comm_uses_cores else ())
+        parts: list[tuple] = []
         for c, lo in enumerate(range(0, len(res), MAX_PARTS)):
             part = res[lo:lo + MAX_PARTS]
             key = (2, k, c)
@@ -500,10 +518,12 @@ def sync_plan(b, holdings: dict) -> tuple:
             else:
                 tasks.append((key, part, (seconds,) * len(part), "comm", float(bucket.nbytes), label))
             keys.append(key)
+            parts.append(key)
             edges += [(back_arrive(n, bucket.after_op - 1, d), key) for d in devs]
             if rt.launches_async:   # the gradients are the kernels' work: the stream must be there too
                 edges += [(stream_back(n, bucket.after_op - 1, d), key) for d in devs]
             edges += [(key, sync_wait(d)) for d in devs]
+        _issue(b, tasks, edges, keys, k, bucket, parts)
     devices = b.topology.devices
     update_time = b.cost.update_time
     for d in range(b.num_devices):

@@ -8,7 +8,8 @@ import pytest
 from autopar.planner.cost import Curve, ProfileCache
 from autopar.planner.cost.calibration import CALIBRATION_METHOD, STAGING_PARTS, RuntimeCalibration
 from autopar.trainer.calibrate import (IN_SITU_BATCHES, QUICK_SIZES, calibrate, fit_intercept, fit_optimizer,
-                                      message_latencies, message_serial, receive_posting, staging_curves)
+                                      issue_curve, message_latencies, message_serial, receive_posting,
+                                      staging_curves)
 
 
 def _monotone_positive(points) -> bool:
@@ -39,6 +40,8 @@ def test_a_quick_calibration_of_two_ranks_is_complete_and_round_trips(tmp_path):
     assert all(row[f"{tag}{p}_{x}"] > 0 for row in chains for tag in ("", "unfused_", "cold_", "cold_unfused_")
                for p in ("fwd", "bwd") for x in ("wall", "phase"))
     assert {"warm_fwd_task_s", "warm_bwd_task_s", "bwd_task_unfused_s"} <= set(dict(cal.details))
+    # Issuing each bucket's all-reduce was timed in the optimizer stage's data-parallel steps.
+    assert dict(cal.details)["allreduce_issue"]["issues"] > 0 and 0 < cal.issue_time(1 << 20) < 5e-2
     # Posting the receives ahead was timed in the in-situ steps.
     assert dict(cal.details)["posting"]["receives"] > 0 and 0 < cal.post_s < 5e-3
     assert {name for name, _, _ in cal.optimizer} == {"adam", "sgd"}
@@ -167,3 +170,10 @@ def test_receive_posting_is_the_mean_over_every_receive_of_every_rank():
     assert seconds == pytest.approx(6e-3 / 40) and details["receives"] == 40
     with pytest.raises(ValueError, match="posted no receive"):
         receive_posting([{2: {"posting": [(0.0, 0)]}}])
+
+
+def test_the_issue_curve_is_the_mean_per_bucket_size_over_every_rank():
+    curve, details = issue_curve([[(1024, 1e-4), (1024, 3e-4), (4096, 5e-4)], [(4096, 7e-4)]])
+    assert curve(1024) == pytest.approx(2e-4) and curve(4096) == pytest.approx(6e-4)
+    assert details["issues"] == 4
+    assert issue_curve([[], []]) == (None, {})

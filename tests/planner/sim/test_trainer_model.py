@@ -384,3 +384,28 @@ def test_a_simulated_step_splits_into_the_parts_the_trainers_phases_time():
     assert min(one["compute"], one["overhead"], one["optimizer"]) > 0
     assert max(p["transfer"] for p in parts(model_parallel(g, 2)).values()) > 0
     assert min(p["synchronization"] for p in parts(data_parallel(g, 2)).values()) > 0
+
+
+def test_each_rank_issues_a_buckets_all_reduce_on_its_program_before_it_starts():
+    """`trainer.sync.GradSync._issue` runs on the rank's own thread when its backward pass reaches
+    the bucket: one ``issue`` task per member device, before the all-reduce and before the program
+    goes on."""
+    from dataclasses import replace
+
+    from autopar.planner.cost.calibration import Curve
+
+    g = rnn(steps=3)
+    topo = get_preset("local:2")
+    cal = replace(default_calibration(topo.devices[0].product, "gloo", 2), issue=Curve.fit([(1, 1e-3)]))
+    b = TaskGraphBuilder(g, topo, CostModel().bind(g), runtime=cal)
+    res, tl, tg = simulate_strategy(b, data_parallel(g, 2))
+    buckets = [k for k in tg if k[0] == 2 and len(k) == 3]
+    issues = [k for k in tg if k[0] == 2 and len(k) == 4 and k[2] == -1]
+    assert buckets and len(issues) == 2 * len({k[1] for k in buckets})
+    for k in issues:
+        assert tg.task(k).resource == k[3] and tg.task(k).duration == 1e-3
+        for part in (p for p in buckets if p[1] == k[1]):
+            assert tl.start[part] >= tl.end[k] - 1e-12
+    none = simulate_strategy(TaskGraphBuilder(g, topo, CostModel().bind(g), runtime=replace(cal, issue=None)),
+                             data_parallel(g, 2))[0]
+    assert res.step_time > none.step_time
