@@ -29,12 +29,14 @@ parts (`planner.sim.STEP_PARTS`), so a row that misses says which part was off (
 compute (the ops' forward and backward spans), transfer (the exchanges' spans: moving tensors
 and waiting for peers), synchronization (waiting for the gradients' all-reduces), the optimizer
 step, and overhead (the rest: the runtime's own work between the spans), on both sides for the
-rank with the most compute and optimizer time.  A measured step shows
-an all-reduce that runs on the ranks' cores during the backward pass as slower compute; the
-simulated one counts it as synchronization.  Totals: median, 90th percentile and largest absolute error, the mean signed error,
-Kendall's tau over the pairs of one model's strategies whose measured times differ by more than
-twice their CV, and ``searched_vs_best_measured``: the searched plan's measured time over the
-best measured time of its model.  Apart from them, ``residual``: the one factor (measured over
+rank with the most compute and optimizer time.  A measured step shows an all-reduce that runs
+on the ranks' cores during the backward pass as slower compute; the simulated one counts it as
+synchronization.
+
+Totals: median, 90th percentile and largest absolute error, the mean signed error, Kendall's tau
+over the pairs of one model's strategies whose measured times differ by more than twice their
+CV, and ``searched_vs_best_measured``: the searched plan's measured time over the best measured
+time of its model.  Apart from them, ``residual``: the one factor (measured over
 simulated) fitted on the first two models' rows, and the errors it would leave on the other
 two's -- reported, never applied.
 """

@@ -800,7 +800,8 @@ def calibrate(world: int, *, quick: bool = False, progress: Callable[[str], None
         exchange_s = fallback.exchange_s
         not_measured.append("exchange_s")
     cal = RuntimeCalibration(product=product, backend=backend, world=world, fwd_task_s=fwd_task_s,
-                             bwd_task_s=bwd_task_s, bwd_call_s=max(0.0, unfused_s - bwd_task_s), exchange_s=exchange_s, p2p=p2p, allreduce=tuple(allreduce),
+                             bwd_task_s=bwd_task_s, bwd_call_s=max(0.0, unfused_s - bwd_task_s),
+                             exchange_s=exchange_s, p2p=p2p, allreduce=tuple(allreduce),
                              optimizer=tuple(optimizer),
                              comm_uses_cores=not gpu and (os.cpu_count() or 1) < 2 * world, issue=issue,
                              source="measured", wire=wire, details=())
@@ -1145,8 +1146,9 @@ def fit_exchange_latency(cal: RuntimeCalibration, world: int, cfg: "Settings",
 
 def summary(cal: RuntimeCalibration) -> dict[str, Any]:
     """The numbers `autopar profile` prints: p2p at 4 B and 1 MiB, all-reduce at 1 MiB among all
-    ranks, the overheads (microseconds; ``bwd_call_us``: an unfused op's own backward call), the optimizer coefficients and the staging of a 1 MiB
-    message."""
+    ranks, the overheads (microseconds; ``bwd_call_us``: an unfused op's own backward call;
+    posting a receive; issuing a 4 MiB all-reduce), the optimizer coefficients and the staging of
+    a 1 MiB message."""
     us = 1e6
     return {"world": cal.world, "source": cal.source,
             "p2p_4B_us": cal.p2p(4) * us, "p2p_1MiB_us": cal.p2p(1 << 20) * us,

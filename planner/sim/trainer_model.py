@@ -29,15 +29,16 @@ What the trainer does, and how it is modelled:
   ``autograd.backward`` calls as it can: an op whose output goes, on one rank and one to one, to
   its only consumer is fused into the consumer's call (`fused`); every other op runs its own call
   per task, and each pays the engine's start-up (``bwd_call_s``) on its device's program before
-  the task.  On GPUs, whose kernels run behind the host
-  that issues them, each task is a host part and a device part on two streams (`op_plan`).
+  the task.  On GPUs, whose kernels run behind the host that issues them, each task is a host
+  part and a device part on two streams (`op_plan`).
 * **Gradient synchronization** in buckets (`planner.sim.buckets`, the trainer's own plan): a
   bucket's all-reduce starts when every rank of its group has passed the bucket's op in the
-  backward pass and issued it (the calibrated ``issue`` on each rank's program, `_issue`), and lasts the calibrated all-reduce time for its bytes and group size, on the
-  ring's links — and on the ranks' devices too when communication runs on their cores
-  (``comm_uses_cores``).  At the end each rank waits for its buckets (`S`) and runs its optimizer
-  step over all its shards (`O`): the calibrated optimizer time for its tensors and bytes (the
-  cost model's update time where the calibration has none).  Before its first op, each rank
+  backward pass and issued it (the calibrated ``issue`` on each rank's program, `_issue`), and
+  lasts the calibrated all-reduce time for its bytes and group size, on the ring's links — and
+  on the ranks' devices too when communication runs on their cores (``comm_uses_cores``).  At
+  the end each rank waits for its buckets (`S`) and runs its optimizer step over all its shards
+  (`O`): the calibrated optimizer time for its tensors and bytes (the cost model's update time
+  where the calibration has none).  Before its first op, each rank
   zeroes its bucket buffers (`zero_grad`, memory bandwidth).
 
 Groups, as `planner.sim._plans` builds them, stay pure functions of configurations so delta
@@ -145,7 +146,7 @@ def host_task(key: tuple) -> tuple:
 
 
 def engine_call(n: int, i: int, t: int) -> tuple:
-    """The autograd engine's start-up for task t of op i's own backward call (`backward_calls`)."""
+    """The autograd engine's start-up for task t of op i's own backward call (`fused`, `edge_plan`)."""
     return (1, n - i, 4, t)
 
 
@@ -217,6 +218,7 @@ def fused(b, i: int, op, j: int, ccfg, pcfg) -> bool:
                 n != volume(op.input_box(j, c_ranges[ct], out.shape)):
             return False
     return True
+
 
 # -- groups ---------------------------------------------------------------------------------------
 
@@ -551,7 +553,6 @@ def sync_plan(b, holdings: dict) -> tuple:
         else:
             edges.append((z, arrive(0, d)))
     return tasks, edges, tuple(keys)
-
 
 
 # -- what a simulated step spends its time on ------------------------------------------------------
