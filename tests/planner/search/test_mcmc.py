@@ -98,15 +98,16 @@ def test_a_chain_whose_leftover_nobody_could_use_runs_to_the_end_of_its_budget(b
 
 
 @pytest.mark.parametrize("make", [mlp, rnn])
-def test_incremental_peak_memory_equals_full_count_on_random_moves(make):
+@pytest.mark.parametrize("preset, n", [("p100-1x4", 4), ("local:2", 2)])   # local: receives posted ahead count
+def test_incremental_peak_memory_equals_full_count_on_random_moves(make, preset, n):
     graph = make()
-    topo = get_preset("p100-1x4")
+    topo = get_preset(preset)
     b = TaskGraphBuilder(graph, topo, CostModel())
-    tracker = MemoryTracker(b, data_parallel(graph, 4))
+    tracker = MemoryTracker(b, data_parallel(graph, n))
     rng = random.Random(5)
     for _ in range(60):
         op = rng.choice(graph.ops)
-        tracker.change(op.name, random_config(op, 4, rng))
+        tracker.change(op.name, random_config(op, n, rng))
         assert tracker.peak() == peak_memory(b, tracker.strategy)
 
 

@@ -346,20 +346,6 @@ def test_gloo_ranks_hold_the_buffers_of_the_gradients_they_will_receive_at_the_f
         edge_memory(plain, labels, j, strategy["loss"], strategy["labels"])
 
 
-def test_incremental_peak_memory_counts_the_receives_posted_ahead_like_the_full_count():
-    from autopar.planner.search._memtrack import MemoryTracker
-    from autopar.planner.sim import peak_memory
-
-    g = rnn(steps=3)
-    b = TaskGraphBuilder(g, get_preset("local:2"), CostModel().bind(g))
-    tracker = MemoryTracker(b, data_parallel(g, 2))
-    rng = random.Random(7)
-    for _ in range(40):
-        op = rng.choice(g.ops)
-        tracker.change(op.name, random_config(op, 2, rng))
-        assert tracker.peak() == peak_memory(b, tracker.strategy)
-
-
 def test_a_simulated_step_splits_into_the_parts_the_trainers_phases_time():
     """`step_parts`: the parts add up to the step on every device; a single device moves nothing
     and synchronizes nothing, model parallelism spends time in exchanges, and data parallelism in
