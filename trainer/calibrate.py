@@ -553,17 +553,20 @@ def _optimizer_rank(rank: int, world: int, cfg: Settings, kind: str = "cpu") -> 
 
 def issue_curve(per_rank: list[list[tuple[int, float]]]) -> tuple[Curve | None, dict]:
     """Seconds a rank's thread spends issuing one bucket's all-reduce, against the bucket's bytes:
-    the mean per size over every rank's issues (a step pays the slow ones too), monotone; None
-    where nothing was issued."""
+    the mean over every rank's issues per power of two of the bucket's size (a step pays the slow
+    ones too; buckets a few bytes apart are one size), monotone, and constant beyond the largest
+    bucket measured (`Curve.flat_after_last`: the call hands the tensor over, it does not copy
+    it).  None where nothing was issued."""
     by_size: dict[int, list[float]] = {}
     for issues in per_rank:
         for nbytes, seconds in issues:
-            by_size.setdefault(int(nbytes), []).append(seconds)
+            size = 1 << max(0, round(math.log2(max(1, nbytes))))
+            by_size.setdefault(size, []).append(seconds)
     if not by_size:
         return None, {}
     means = {size: statistics.fmean(v) for size, v in sorted(by_size.items())}
-    return Curve.fit(means.items()), {"issues": sum(map(len, by_size.values())),
-                                      "mean_s": {str(size): m for size, m in means.items()}}
+    return Curve.fit(means.items()).flat_after_last(), {"issues": sum(map(len, by_size.values())),
+                                                        "mean_s": {str(size): m for size, m in means.items()}}
 
 
 def optimizer_job(name: str, tensors: int, nbytes: int, world: int):

@@ -102,6 +102,14 @@ class Curve:
                 points.append((last, mean))
         return cls(tuple(points))
 
+    def flat_after_last(self) -> "Curve":
+        """The same curve inside its measured range and constant beyond it (for a cost that does
+        not grow with the bytes past what was measured: a line through two noisy points a few
+        bytes apart would extrapolate to any value)."""
+        last_x, last_y = self.points[-1]
+        far = float(1 << 50)
+        return self if last_x >= far else Curve(self.points + ((far, last_y),))
+
     @classmethod
     def linear(cls, latency: float, bandwidth: float) -> "Curve":
         """``latency + bytes / bandwidth`` (an analytic link, for topologies nothing was measured on)."""
@@ -263,7 +271,7 @@ def default_calibration(product: str, backend: str, world: int, cores: int | Non
                               optimizer=(("adam", 20e-6, 0.9e-9), ("sgd", 15e-6, 0.55e-9)),
                               comm_uses_cores=backend == "gloo" and cores < 2 * world, source="default",
                               message_serial_s=35e-6, bwd_call_s=35e-6, post_s=40e-6 if backend == "gloo" else 0.0,
-                              issue=Curve.fit([(64 << 10, 150e-6), (4 << 20, 500e-6)]),
+                              issue=Curve.fit([(64 << 10, 150e-6), (4 << 20, 500e-6)]).flat_after_last(),
                               staging=tuple(Curve.fit(zip(sizes, us)) for us in (
                                   (4e-6, 5e-6, 5e-6, 8e-6, 13e-6), (45e-6, 57e-6, 86e-6, 142e-6, 550e-6),
                                   (23e-6, 27e-6, 35e-6, 66e-6, 196e-6), (62e-6, 62e-6, 62e-6, 107e-6, 392e-6))))

@@ -173,7 +173,14 @@ def test_receive_posting_is_the_mean_over_every_receive_of_every_rank():
 
 
 def test_the_issue_curve_is_the_mean_per_bucket_size_over_every_rank():
-    curve, details = issue_curve([[(1024, 1e-4), (1024, 3e-4), (4096, 5e-4)], [(4096, 7e-4)]])
-    assert curve(1024) == pytest.approx(2e-4) and curve(4096) == pytest.approx(6e-4)
+    curve, details = issue_curve([[(1024, 1e-4), (1024, 3e-4), (4096, 5e-4)], [(4100, 7e-4)]])
+    assert curve(1024) == pytest.approx(2e-4) and curve(4096) == pytest.approx(6e-4)   # 4100 B is 4 KiB
     assert details["issues"] == 4
     assert issue_curve([[], []]) == (None, {})
+
+
+def test_the_issue_curve_does_not_grow_past_the_largest_bucket_measured():
+    """Buckets a few bytes apart with different means once made a line so steep that an 8 MiB
+    bucket cost 95 ms to issue; sizes are binned and the curve is flat past the last one."""
+    curve, _ = issue_curve([[(4 << 20, 5.0e-4), ((4 << 20) + 2048, 5.4e-4), ((4 << 20) + 4096, 5.9e-4)]])
+    assert curve(8 << 20) == curve(4 << 20) == curve(1 << 34) == pytest.approx(5.43e-4, rel=1e-2)

@@ -30,6 +30,14 @@ def test_a_curve_interpolates_linearly_and_extends_its_last_slope():
     assert curve(-5) == 1.0
 
 
+def test_a_curve_flat_after_its_last_point_keeps_its_range_and_holds_its_last_value():
+    curve = Curve.fit([(0, 1.0), (10, 2.0), (20, 4.0)]).flat_after_last()
+    assert curve(15) == pytest.approx(3.0) and curve(30) == curve(1e12) == pytest.approx(4.0)
+    assert curve.flat_after_last() == curve
+    issue = default_calibration("CPU-core", "gloo", 2).issue_time
+    assert issue(64 << 20) == issue(4 << 20) > issue(64 << 10) > 0
+
+
 def test_a_curve_refuses_decreasing_points():
     with pytest.raises(CostModelError, match="non-decreasing"):
         Curve(((0.0, 2.0), (10.0, 1.0)))
