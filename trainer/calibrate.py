@@ -453,6 +453,17 @@ def _kernel_sums(job, repeats: int, memo: dict, device: torch.device | None = No
 
 
 @contextlib.contextmanager
+def _patched(owner, name: str, value):
+    """Within it, ``owner.name`` is `value` (a timer or a variant of a runtime function the stages
+    measure in the ranks); the original is back afterwards, however the block ends."""
+    original = getattr(owner, name)
+    setattr(owner, name, value)
+    try:
+        yield original
+    finally:
+        setattr(owner, name, original)
+
+
 def _evicting_spans(rt_mod, device: torch.device):
     """Within it, every forward and backward span of the runtime evicts the core's private caches
     (the profiler's `cache_evictor`) just before it ends, inside its timed region.
@@ -471,11 +482,7 @@ def _evicting_spans(rt_mod, device: torch.device):
         if span.phase in ("fwd", "bwd"):
             evict()
         return original(span, *exc)
-    rt_mod._Span.__exit__ = exit_evicting
-    try:
-        yield
-    finally:
-        rt_mod._Span.__exit__ = original
+    return _patched(rt_mod._Span, "__exit__", exit_evicting)
 
 
 def _cold_fit(chains: list[dict], pass_: str, cold: str, warm: str = "") -> tuple[float, float]:
@@ -500,7 +507,6 @@ def _overhead_rank(rank: int, world: int, cfg: Settings, device_kind: str = "cpu
     device = rank_device(device_kind, rank)
     rows = []
     memo: dict = {}
-    fusable = rt_mod.Runtime._fusable
     variants = [("", True, False), ("unfused_", False, False)]
     if device.type == "cpu":
         variants += [("cold_", True, True), ("cold_unfused_", False, True)]
@@ -509,12 +515,9 @@ def _overhead_rank(rank: int, world: int, cfg: Settings, device_kind: str = "cpu
             job = _job(kind, k, None)
             row = {"model": job.graph.name, **_kernel_sums(job, cfg.profile_repeats, memo, device)}
             for tag, fused, cold in variants:
-                if not fused:
-                    rt_mod.Runtime._fusable = lambda self, rv, views: False
-                try:
+                with (contextlib.nullcontext() if fused else
+                      _patched(rt_mod.Runtime, "_fusable", lambda self, rv, views: False)):
                     tr = Trainer(job, rank, world, ProcessGroups(), device)
-                finally:
-                    rt_mod.Runtime._fusable = fusable
                 last = _timed_passes(tr.runtime, device)
                 walls, phases = [], []
                 with _evicting_spans(rt_mod, device) if cold else contextlib.nullcontext():
@@ -542,12 +545,11 @@ def _optimizer_rank(rank: int, world: int, cfg: Settings, kind: str = "cpu") -> 
     def timed_issue(gs, k):
         t0 = time.perf_counter()
         issue(gs, k)
-        issues.append((gs.mine[k].numel * 4, time.perf_counter() - t0))
-    sync_mod.GradSync._issue = timed_issue
-    try:
+        bucket = gs.mine[k]
+        itemsize = gs.shards[bucket.entries[0].param].tensor.element_size()
+        issues.append((bucket.numel * itemsize, time.perf_counter() - t0))
+    with _patched(sync_mod.GradSync, "_issue", timed_issue):
         samples = _optimizer_in_steps(rank, world, cfg, rank_device(kind, rank))
-    finally:
-        sync_mod.GradSync._issue = issue
     return {"optimizer": samples, "issues": issues}
 
 
@@ -654,9 +656,8 @@ def _exchange_rank(rank: int, world: int, cfg: Settings) -> list[dict]:
         finally:
             acc[0] += 1
             acc[1] += time.perf_counter() - t0
-    rt_mod.exchange_many = timed
     out = []
-    try:
+    with _patched(rt_mod, "exchange_many", timed):
         for kind in ("elementwise", "linear"):
             for k in cfg.exchange_lengths:
                 job = _job(kind, k, lambda i: i % 2)
@@ -670,8 +671,6 @@ def _exchange_rank(rank: int, world: int, cfg: Settings) -> list[dict]:
                         ph = tr.runtime.phases
                         steps.append((acc[0], ph["exchange"] + ph["grad exchange"], acc[1]))
                 out.append({"model": job.graph.name, "steps": steps})
-    finally:
-        rt_mod.exchange_many = inner
     return out
 
 
@@ -981,11 +980,11 @@ def _in_situ_rank(rank: int, world: int, cfg: "Settings") -> dict[int, dict[str,
         return wrapper
 
     out: dict[int, dict[str, list]] = {}
-    try:
-        rt_mod.exchange_many = exchange
-        RecvAhead._post = timed_post
+    with contextlib.ExitStack() as patches:
+        patches.enter_context(_patched(rt_mod, "exchange_many", exchange))
+        patches.enter_context(_patched(RecvAhead, "_post", timed_post))
         for name, part, count in _STAGING_FUNCTIONS:
-            setattr(rt_mod, name, staged(name, part, count))
+            patches.enter_context(_patched(rt_mod, name, staged(name, part, count)))
         for batch in IN_SITU_BATCHES:
             tr = Trainer(in_situ_job(world, batch), rank, world, ProcessGroups())
             rows = out[batch] = {"times": [], "calls": [], "staging": [], "posting": []}
@@ -1002,10 +1001,6 @@ def _in_situ_rank(rank: int, world: int, cfg: "Settings") -> dict[int, dict[str,
                     rows["calls"].append(list(calls))
                     rows["staging"].append([tuple(a) for a in acc])
                     rows["posting"].append(tuple(posting))
-    finally:
-        for name, fn in inner.items():
-            setattr(rt_mod, name, fn)
-        RecvAhead._post = post
     return out
 
 
