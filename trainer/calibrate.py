@@ -103,10 +103,19 @@ is: run it when nothing else competes for the cores.  `calibrate(world)` measure
    (`in_situ_job`) at batches of 2 to 2048 rows (messages of 1 KiB to 1 MiB, `IN_SITU_BATCHES`)
    and every exchange call of both ranks is timestamped; a message's latency runs from the
    moment the last rank enters the exchange to the moment the receiver's call returns
-   (`message_latencies`).  The mean at each size is a point of the point-to-point curve (on this
-   machine, with the receives posted ahead, 0.27 ms at 1 KiB, 0.35 ms at 16 KiB, 0.66 ms at 64 KiB,
-   1.1 ms at 256 KiB and 1.4 ms at 1 MiB; 0.65-1.2 ms before); beyond 1 MiB the
+   (`message_latencies`).  Every layer all-gathers its split output, so the two ranks send to
+   each other in every exchange, and each layer ends in `IN_SITU_BUSY_OPS` extra ``tanh`` ops so
+   that the ranks compute between exchanges about as long as a small model's ops: such
+   exchanges stall (2-3 ms, a third to a half of the time here), and the longer the ranks
+   compute between them, the more often.  The mean at each size is a point of the
+   point-to-point curve (on this machine 0.39 ms at 1 KiB, 0.57 ms at 16 KiB, 1.2 ms at 256 KiB,
+   1.35 ms at 1 MiB; without the extra ops 0.27-0.35 ms up to 16 KiB); beyond 1 MiB the
    microbenchmark's median curve, shifted to meet it.  The same steps give the staging (8.).
+   The same chain with its ops whole and on ranks 0 and 1 in turn (``one_way``) sends every
+   message one way; its latencies, from the sender's entry to the receiver's return
+   (`one_way_latencies`), give ``p2p_oneway`` (`one_way_curve`): 0.12 ms at 2 KiB, 0.23 ms at
+   128 KiB, 0.35 ms at 512 KiB and 0.94 ms at 2 MiB here, what a transformer's one-way messages
+   took in its model-parallel steps (128 KiB 0.18-0.24 ms, 256 KiB 0.24-0.36 ms).
 
 7. **Messages of one exchange** (``message_serial_s``, `message_serial`): ranks 0 and 1 compute
    for 1 ms, then exchange one piece each way, or two, in one `exchange_many` call, 600 times
@@ -820,7 +829,10 @@ def calibrate(world: int, *, quick: bool = False, progress: Callable[[str], None
         cal = replace(cal, staging=staging, post_s=post_s)
         details["staging"] = staged
         details["posting"] = posted
-        cal, fit = fit_exchange_latency(cal, world, cfg, in_situ, wire=p2p_median)
+        say(f"one-way messages inside training steps (the chain's ops on ranks 0 and 1 in turn, "
+            f"{len(IN_SITU_BATCHES)} message sizes)")
+        one_way = run_local(_in_situ_rank, world, (cfg, True))
+        cal, fit = fit_exchange_latency(cal, world, cfg, in_situ, wire=p2p_median, one_way=one_way)
         details["in_situ"] = fit
         say(f"messages of one exchange on {world} ranks (one and two each way)")
         serial, means = message_serial(run_local(_batch_rank, world, (cfg,)))
@@ -891,27 +903,42 @@ def message_serial(per_rank: list[dict[int, list[tuple[float, float]]]]) -> tupl
 IN_SITU_LAYERS = 12
 IN_SITU_WIDTH = 256
 IN_SITU_BATCH = 32
+#: Extra ``tanh`` ops after each layer of the two-way chain: the ranks compute between exchanges
+#: about as long as a small model's ops do (0.3-1 ms), without changing the messages.  An exchange
+#: in which two ranks send to each other stalls more often the longer they compute between
+#: exchanges: at 16 KiB its messages took 0.36 ms on average in the plain chain, 0.59 ms with
+#: these, and 0.96 ms in an RNN's model-parallel steps.
+IN_SITU_BUSY_OPS = 8
 
 
-def in_situ_job(world: int, batch: int = IN_SITU_BATCH):
+def in_situ_job(world: int, batch: int = IN_SITU_BATCH, one_way: bool = False):
     """The in-situ workload: a chain of linear layers with every layer's output features split
     over the `world` ranks (model parallelism), so that every op exchanges its input among busy
-    ranks, as model-parallel and mixed plans do; `batch` rows."""
+    ranks, both ways, as model-parallel and mixed plans do; `batch` rows.  With `one_way`, the
+    chain's ops whole and on ranks 0 and 1 in turn instead: every op's input comes from the other
+    rank, and nothing goes back in the same exchange."""
     from autopar.planner.hardware import get_preset
-    from autopar.planner.ir import import_spec
+    from autopar.planner.ir import ParallelConfig, Strategy, import_spec
     from autopar.planner.search import named_strategy
     from autopar.planner.zoo import ModelSpec, TensorSpec, seeded
 
     from .optim import OptimizerConfig
     from .train import Job, TrainConfig
+    busy = 0 if one_way else IN_SITU_BUSY_OPS
     module = seeded(0, lambda: nn.Sequential(*[m for _ in range(IN_SITU_LAYERS)
-                                               for m in (nn.Linear(IN_SITU_WIDTH, IN_SITU_WIDTH), nn.Tanh())]))
+                                               for m in [nn.Linear(IN_SITU_WIDTH, IN_SITU_WIDTH)]
+                                               + [nn.Tanh() for _ in range(1 + busy)]]))
     spec = ModelSpec(name="calibrate-in-situ", module=module,
                      inputs=(("x", TensorSpec((batch, IN_SITU_WIDTH), ("n", "c"))),),
                      target=("labels", TensorSpec((batch,), ("n",), "int64")), loss="cross_entropy",
-                     description=f"{IN_SITU_LAYERS} linear+tanh layers of {IN_SITU_WIDTH}, batch {batch}")
+                     description=f"{IN_SITU_LAYERS} layers of {IN_SITU_WIDTH} (linear, {1 + busy} tanh), batch {batch}"
+                                 + (", on ranks 0 and 1 in turn" if one_way else ""))
     graph = import_spec(spec)
-    strategy = named_strategy("model-parallel", graph, get_preset(f"local:{world}"))
+    if one_way:
+        strategy = Strategy.from_mapping(graph, {op.name: ParallelConfig((1,) * len(op.pardims), (k % 2,))
+                                                 for k, op in enumerate(graph.ops)}, "alternating")
+    else:
+        strategy = named_strategy("model-parallel", graph, get_preset(f"local:{world}"))
     cfg = TrainConfig(model=spec.name, optimizer=OptimizerConfig("sgd", lr=0.01, momentum=0.9), log=False)
     return Job(cfg, spec, graph, strategy)
 
@@ -933,7 +960,7 @@ def _nbytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def _in_situ_rank(rank: int, world: int, cfg: "Settings") -> dict[int, dict[str, list]]:
+def _in_situ_rank(rank: int, world: int, cfg: "Settings", one_way: bool = False) -> dict[int, dict[str, list]]:
     """The in-situ workload (`in_situ_job`) at each of `IN_SITU_BATCHES` on this rank; per batch,
     per timed step: its seconds (``times``); every `exchange_many` call, when it was entered and
     when it returned (``time.perf_counter``, one system-wide clock on one machine) and how many
@@ -986,7 +1013,7 @@ def _in_situ_rank(rank: int, world: int, cfg: "Settings") -> dict[int, dict[str,
         for name, part, count in _STAGING_FUNCTIONS:
             patches.enter_context(_patched(rt_mod, name, staged(name, part, count)))
         for batch in IN_SITU_BATCHES:
-            tr = Trainer(in_situ_job(world, batch), rank, world, ProcessGroups())
+            tr = Trainer(in_situ_job(world, batch, one_way), rank, world, ProcessGroups())
             rows = out[batch] = {"times": [], "calls": [], "staging": [], "posting": []}
             for s in range(cfg.warmup_steps + cfg.in_situ_steps):
                 dist.barrier()
@@ -1072,9 +1099,51 @@ def message_latencies(per_rank: list[dict[str, list]]) -> tuple[list[float], flo
     return samples, statistics.median(sizes)
 
 
+def one_way_latencies(per_rank: list[dict[str, list]]) -> tuple[list[float], float]:
+    """Latencies of the one-way in-situ workload's messages (`in_situ_job` with ``one_way``), and
+    the bytes of one message: ranks 0 and 1 make the same exchange calls in the same order, and in
+    each either one of them receives or neither does; a message's latency runs from the moment
+    its sender entered the call to the moment its receiver's call returned.  Raises `ValueError`
+    when the calls do not pair up."""
+    samples: list[float] = []
+    sizes: list[float] = []
+    steps = [r["calls"] for r in per_rank[:2]]
+    if len(steps) < 2 or len({len(s) for s in steps}) != 1:
+        raise ValueError("the one-way workload needs ranks 0 and 1 timing the same number of steps")
+    for a, b in zip(*steps):
+        if len(a) != len(b):
+            raise ValueError(f"ranks 0 and 1 made {len(a)} and {len(b)} exchange calls in one step")
+        for ca, cb in zip(a, b):
+            for recv, send in ((ca, cb), (cb, ca)):
+                if recv[2] and not send[2]:
+                    samples.append(max(0.0, recv[1] - send[0]))
+                    sizes.append(recv[2])
+    if not samples:
+        raise ValueError("the one-way workload sent no message")
+    return samples, statistics.median(sizes)
+
+
+def one_way_curve(one_way: list[dict[int, dict[str, list]]], shape: Curve) -> tuple[Curve, list[dict]]:
+    """``p2p_oneway``: the mean latency of the one-way workload's messages at each of its batches
+    (`one_way_latencies`), made monotone, and beyond the largest the `shape` curve shifted to meet
+    it (as `fit_exchange_latency` extends ``p2p``)."""
+    per_size = []
+    for batch in sorted(one_way[0]):
+        samples, size = one_way_latencies([r[batch] for r in one_way])
+        st = _stats(samples)
+        per_size.append({"batch": batch, "message_bytes": size, "messages": len(samples), "mean_s": st["mean"],
+                         "median_s": st["median"], "p90_s": st["p90"]})
+    last = per_size[-1]
+    shift = last["mean_s"] - shape(last["message_bytes"])
+    points = [(p["message_bytes"], p["mean_s"]) for p in per_size]
+    points += [(x, max(0.0, y + shift)) for x, y in shape.points if x > last["message_bytes"]]
+    return Curve.fit(points), per_size
+
+
 def fit_exchange_latency(cal: RuntimeCalibration, world: int, cfg: "Settings",
                          in_situ: list[dict[int, dict[str, list]]],
-                         wire: Curve | None = None) -> tuple[RuntimeCalibration, dict]:
+                         wire: Curve | None = None,
+                         one_way: list[dict[int, dict[str, list]]] | None = None) -> tuple[RuntimeCalibration, dict]:
     """`cal` with its point-to-point curve set to what messages take inside real steps.
 
     The microbenchmark times one message at a time; inside a step, messages leave ranks that are
@@ -1112,6 +1181,10 @@ def fit_exchange_latency(cal: RuntimeCalibration, world: int, cfg: "Settings",
     points = [(p["message_bytes"], p["mean_s"]) for p in per_size]
     points += [(x, max(0.0, y + shift)) for x, y in shape.points if x > last["message_bytes"]]
     tuned = replace(cal, p2p=Curve.fit(points))
+    one_way_sizes = None
+    if one_way is not None:
+        oneway, one_way_sizes = one_way_curve(one_way, shape)
+        tuned = replace(tuned, p2p_oneway=oneway)
 
     job = in_situ_job(world)
     check = [r[IN_SITU_BATCH] for r in in_situ]
@@ -1139,17 +1212,20 @@ def fit_exchange_latency(cal: RuntimeCalibration, world: int, cfg: "Settings",
            "latency_median_s": at["median_s"], "latency_p90_s": at["p90_s"],
            "microbenchmark_s": cal.p2p(at["message_bytes"]), "predicted_step_s": predicted(tuned),
            "predicted_at_microbenchmark_s": predicted(cal)}
+    if one_way_sizes is not None:
+        fit["one_way"] = {"workload": in_situ_job(world, IN_SITU_BATCH, True).strategy.name, "per_size": one_way_sizes}
     return tuned, fit
 
 
 def summary(cal: RuntimeCalibration) -> dict[str, Any]:
-    """The numbers `autopar profile` prints: p2p at 4 B and 1 MiB, all-reduce at 1 MiB among all
+    """The numbers `autopar profile` prints: p2p at 4 B and 1 MiB (and one way at 1 MiB), all-reduce at 1 MiB among all
     ranks, the overheads (microseconds; ``bwd_call_us``: an unfused op's own backward call;
     posting a receive; issuing a 4 MiB all-reduce), the optimizer coefficients and the staging of
     a 1 MiB message."""
     us = 1e6
     return {"world": cal.world, "source": cal.source,
             "p2p_4B_us": cal.p2p(4) * us, "p2p_1MiB_us": cal.p2p(1 << 20) * us,
+            "p2p_oneway_1MiB_us": cal.message_time(1 << 20, two_way=False) * us,
             "allreduce_1MiB_us": cal.allreduce_time(1 << 20, cal.world) * us,
             "fwd_task_us": cal.fwd_task_s * us, "bwd_task_us": cal.bwd_task_s * us, "bwd_call_us": cal.bwd_call_s * us,
             "exchange_us": cal.exchange_s * us, "post_us": cal.post_s * us,
@@ -1166,7 +1242,8 @@ def summary_line(cal: RuntimeCalibration) -> str:
     s = summary(cal)
     opt = ", ".join(f"{name} {t * 1e6:.0f} us/tensor + {b * (1 << 20) * 1e6:.0f} us/MiB"
                     for name, t, b in cal.optimizer)
-    return (f"p2p {s['p2p_4B_us']:.0f} us at 4 B, {s['p2p_1MiB_us']:.0f} us at 1 MiB; all-reduce "
+    return (f"p2p {s['p2p_4B_us']:.0f} us at 4 B, {s['p2p_1MiB_us']:.0f} us at 1 MiB "
+            f"({s['p2p_oneway_1MiB_us']:.0f} us one way); all-reduce "
             f"{s['allreduce_1MiB_us']:.0f} us at 1 MiB ({max(2, cal.world)} ranks); overheads fwd "
             f"{s['fwd_task_us']:.0f} us, bwd {s['bwd_task_us']:.0f} us per task (+{s['bwd_call_us']:.0f} us per own "
             f"backward call), exchange {s['exchange_us']:.0f} us, {s['post_us']:.0f} us per receive posted, "

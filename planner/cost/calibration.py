@@ -14,6 +14,14 @@ keeps it beside the op times.  The simulator reads it when it models the trainer
   own step on a chain of tiny ops, divided by the ops (DistIR's per-op constant overhead).
 * **Point to point** — seconds for one message of n bytes from one rank to another, end to end,
   `Curve`-interpolated between sizes measured at powers of two.
+* **One-way messages** (``p2p_oneway``) — seconds for a message of n bytes between two ranks
+  whose exchange sends nothing back between them, from the moment its sender sends it to the
+  moment its receiver has it, measured inside steps.  On gloo ranks, which post their receives
+  ahead, such a message leaves as soon as its sender reaches the exchange, and it is cheap: a
+  transformer's one-way 256 KiB messages took 0.24 ms in its steps.  An exchange in which two
+  ranks send to each other stalls often (for 2-3 ms, a third to a half of the time on this
+  machine), so ``p2p`` is measured on such exchanges and ``p2p_oneway`` apart; None where it was
+  not measured (every message then costs ``p2p``).
 * **Wire** (``wire``) — the part of that time the bytes hold the link: the median of a message
   between ranks that wait for it, less an empty message's.  The rest of the end-to-end time is
   waiting (a thread waking for a busy core, a tail that grows with the message inside steps), which
@@ -140,8 +148,8 @@ class Curve:
 #: warm.  2: their work between ops timed with every op evicting the core's caches, as a real
 #: model's ops do, and the engine's start-up of an unfused op's own backward call apart
 #: (``bwd_call_s``; `autopar.trainer.calibrate`, stage 3); the posting of receives ahead (``post_s``)
-#: and the issuing of a bucket's all-reduce (``issue``).
-CALIBRATION_METHOD = 2
+#: and the issuing of a bucket's all-reduce (``issue``).  3: one-way messages apart (``p2p_oneway``).
+CALIBRATION_METHOD = 3
 
 
 @dataclass(frozen=True)
@@ -165,6 +173,7 @@ class RuntimeCalibration:
     bwd_call_s: float = 0.0                        # an unfused op's own autograd call, per task
     post_s: float = 0.0                            # posting one receive ahead (gloo), per message
     issue: Curve | None = None                     # issuing a bucket's all-reduce, by its bytes
+    p2p_oneway: Curve | None = None                # a message whose exchange sends nothing back
     method: int = CALIBRATION_METHOD               # how it was measured (`CALIBRATION_METHOD`)
     details: tuple[tuple[str, Any], ...] = field(default=(), compare=False)
 
@@ -174,6 +183,19 @@ class RuntimeCalibration:
         if self.wire is not None:
             return min(self.wire(nbytes), self.p2p(nbytes))
         return max(0.0, self.p2p(nbytes) - self.p2p(0.0))
+
+    def message_time(self, nbytes: float, two_way: bool = True) -> float:
+        """Seconds of one message of `nbytes` end to end: ``p2p``, or ``p2p_oneway`` for a message
+        whose exchange sends nothing back between its two ranks (where it was measured)."""
+        if not two_way and self.p2p_oneway is not None:
+            return self.p2p_oneway(nbytes)
+        return self.p2p(nbytes)
+
+    @property
+    def receives_ahead(self) -> bool:
+        """Whether the trainer posts a step's receives before its exchanges (gloo, `trainer.comm.RecvAhead`):
+        a message then leaves when its sender sends it, whether or not its receiver is waiting."""
+        return self.backend == "gloo"
 
     @property
     def launches_async(self) -> bool:
@@ -222,6 +244,7 @@ class RuntimeCalibration:
                 **({"wire": self.wire.to_json()} if self.wire is not None else {}),
                 "bwd_call_s": self.bwd_call_s, "post_s": self.post_s, "method": self.method,
                 **({"issue": self.issue.to_json()} if self.issue is not None else {}),
+                **({"p2p_oneway": self.p2p_oneway.to_json()} if self.p2p_oneway is not None else {}),
                 "source": self.source, "details": dict(self.details)}
 
     @classmethod
@@ -240,6 +263,7 @@ class RuntimeCalibration:
                        bwd_call_s=float(doc.get("bwd_call_s", 0.0)), post_s=float(doc.get("post_s", 0.0)),
                        method=int(doc.get("method", 1)),
                        issue=Curve.from_json(doc["issue"]) if doc.get("issue") else None,
+                       p2p_oneway=Curve.from_json(doc["p2p_oneway"]) if doc.get("p2p_oneway") else None,
                        details=tuple(sorted(dict(doc.get("details") or {}).items())))
         except (KeyError, TypeError, ValueError) as e:
             raise CostModelError(f"runtime calibration {doc.get('product', '?')}/{doc.get('backend', '?')}: "
@@ -263,7 +287,9 @@ def default_calibration(product: str, backend: str, world: int, cores: int | Non
     torch 2.13, one thread per rank), for a machine where `autopar profile` has not measured them
     yet.  Only the shape is portable: calibrate (``autopar profile --topology local:N``)."""
     cores = cores if cores is not None else (os.cpu_count() or 1)
-    p2p = Curve.fit([(4, 120e-6), (64 << 10, 150e-6), (1 << 20, 450e-6), (4 << 20, 1.4e-3), (16 << 20, 6.6e-3)])
+    # Inside steps (`autopar.trainer.calibrate`, stage 6): two ranks sending to each other, and one way.
+    p2p = Curve.fit([(1 << 10, 390e-6), (16 << 10, 565e-6), (64 << 10, 890e-6), (256 << 10, 1.2e-3), (1 << 20, 1.35e-3),
+                     (4 << 20, 2.45e-3), (16 << 20, 6.7e-3)])
     sizes = (1 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20)   # staging: seconds per message
     ar2 = Curve.fit([(4, 130e-6), (64 << 10, 290e-6), (1 << 20, 820e-6), (4 << 20, 3.8e-3), (16 << 20, 13.8e-3)])
     return RuntimeCalibration(product=product, backend=backend, world=world, fwd_task_s=60e-6, bwd_task_s=40e-6,
@@ -272,6 +298,8 @@ def default_calibration(product: str, backend: str, world: int, cores: int | Non
                               comm_uses_cores=backend == "gloo" and cores < 2 * world, source="default",
                               message_serial_s=35e-6, bwd_call_s=35e-6, post_s=40e-6 if backend == "gloo" else 0.0,
                               issue=Curve.fit([(64 << 10, 150e-6), (4 << 20, 500e-6)]).flat_after_last(),
+                              p2p_oneway=Curve.fit([(2 << 10, 120e-6), (32 << 10, 140e-6), (128 << 10, 220e-6),
+                                                    (512 << 10, 345e-6), (2 << 20, 945e-6), (16 << 20, 5.9e-3)]),
                               staging=tuple(Curve.fit(zip(sizes, us)) for us in (
                                   (4e-6, 5e-6, 5e-6, 8e-6, 13e-6), (45e-6, 57e-6, 86e-6, 142e-6, 550e-6),
                                   (23e-6, 27e-6, 35e-6, 66e-6, 196e-6), (62e-6, 62e-6, 62e-6, 107e-6, 392e-6))))

@@ -16,10 +16,16 @@ What the trainer does, and how it is modelled:
   A barrier runs on a virtual resource of its device and lasts 1 ns, so it never queues.
 * **Exchanges.**  Every rank calls the exchange of op i's inputs when its program reaches op i
   and waits there for what it receives (`W`, after `A`); a message moves once the producer task
-  has finished and both ranks have reached op i (gloo's send meets its receive).  Gradients go
-  back the same way at op i's place in the backward pass (`GI` issue, `GW` wait).  Only tensors
-  whose producer needs a gradient send one back, as in the trainer.  A message lasts the
-  calibrated point-to-point time for its bytes plus the exchange overhead.  Its sender packs it
+  has finished and its sender has reached op i.  Gradients go back the same way at op i's place
+  in the backward pass (`GI` issue, `GW` wait).  Only tensors whose producer needs a gradient
+  send one back, as in the trainer.  A message lasts the calibrated point-to-point time for its
+  bytes plus the exchange overhead.  Where the input moves both ways between two ranks (each
+  sends the other a piece), the message waits for both ranks to reach op i and costs ``p2p``;
+  gloo ranks post their receives ahead, so a one-way message leaves as its sender sends it and
+  costs ``p2p_oneway`` (on NCCL, which posts a receive with its exchange, every message meets
+  both ranks).  Inside steps on this machine, one-way messages of 128-256 KiB took 0.2-0.25 ms
+  and two-way exchanges stalled for 2-3 ms a third to a half of the time (docs/simulation.md,
+  "Eighth round").  Its sender packs it
   and its receiver places it on their own devices (`_stage`, the calibrated staging), each
   program waiting for its part.  Every receive is posted as the step begins (`_post`: gloo
   ranks post a step's receives ahead, `trainer.comm.RecvAhead`), on the receiver's core before
@@ -333,7 +339,7 @@ def op_plan(b, i: int, op, cfg) -> tuple:
 
 
 def _message(b, key: tuple, route: tuple, rt: RuntimeCalibration, nbytes: float,
-             pair: tuple | None = None) -> tuple[list, list, tuple, tuple]:
+             pair: tuple | None = None, two_way: bool = True) -> tuple[list, list, tuple, tuple]:
     """One message of `nbytes` over `route` (`planner.sim._plans.route_columns`): (tasks, edges,
     first key, last key).
 
@@ -352,11 +358,15 @@ def _message(b, key: tuple, route: tuple, rt: RuntimeCalibration, nbytes: float,
     messages each way waits about two of these longer than one of one each way (on local gloo
     ranks the runtime sends a pair's messages of one exchange as one, and the calibration
     measures what one more costs in bytes and packing).  The parallel part is shortened by two of them, so an
-    exchange of one message each way costs what the point-to-point curve says."""
+    exchange of one message each way costs what the point-to-point curve says.
+
+    A message whose exchange sends nothing back between its two ranks (not `two_way`) costs the
+    calibrated one-way time instead (`RuntimeCalibration.message_time`)."""
     _, res, _, labels, _ = route
     serial = rt.message_serial_s if pair is not None else 0.0
-    on_wire = rt.wire_time(nbytes)
-    latency = max(rt.p2p(nbytes) - on_wire + rt.exchange_s - 2 * serial, MIN_TASK_SECONDS)
+    total = rt.message_time(nbytes, two_way)
+    on_wire = min(rt.wire_time(nbytes), total)
+    latency = max(total - on_wire + rt.exchange_s - 2 * serial, MIN_TASK_SECONDS)
     wire = max(on_wire, MIN_TASK_SECONDS)
     delay = key + (-1,)
     label0 = labels[0] if labels else ""
@@ -405,27 +415,32 @@ def edge_plan(b, i: int, op, j: int, ccfg, pcfg) -> tuple:
         else:
             pieces.setdefault((pt, dd), {}).setdefault(box, []).append(ct)
     tasks: list = []
+    flows = {(pdev[pt], dd) for pt, dd in pieces}
     for (pt, dd), boxes in pieces.items():
         nbytes = max(float(sum(map(volume, boxes)) * itemsize), _MIN_TRANSFER_BYTES)
         dst = sorted({ct for cts in boxes.values() for ct in cts})
         sd = pdev[pt]
         pair = (min(sd, dd), max(sd, dd))
+        # Two-way: the edge also carries pieces from dd to sd, in the same exchange.  A one-way
+        # message on ranks that post their receives ahead leaves when its sender gets there.
+        two_way = (dd, sd) in flows
+        meet = two_way or not rt.receives_ahead
         key = (0, i, 1, j, pt, dd)
-        mt, me, first, last = _message(b, key, b._route(sd, dd), rt, nbytes, (0, i) + pair)
+        mt, me, first, last = _message(b, key, b._route(sd, dd), rt, nbytes, (0, i) + pair, two_way)
         tasks += mt
         edges += me
-        edges += [((0, p, 0, pt), first), (arrive(i, sd), first), (arrive(i, dd), first)]
+        edges += [((0, p, 0, pt), first), (arrive(i, sd), first)] + ([(arrive(i, dd), first)] if meet else [])
         edges += [(k, inputs_in(i, dd)) for k in last]
         _stage(b, tasks, edges, key, first, last, nbytes, FORWARD_SEND, sd, ((0, p, 0, pt), arrive(i, sd)),
                inputs_in(i, sd), FORWARD_RECEIVE, dd, (inputs_in(i, dd),))
         _post(b, tasks, edges, key, dd)
         if grads:
             key = (1, n - i, 1, j, pt, dd)
-            mt, me, first, last = _message(b, key, b._route(dd, sd), rt, nbytes, (1, i) + pair)
+            mt, me, first, last = _message(b, key, b._route(dd, sd), rt, nbytes, (1, i) + pair, two_way)
             tasks += mt
             edges += me
             edges += [((1, n - i, 0, c), first) for c in dst]
-            edges += [(grads_out(n, i, dd), first), (grads_out(n, i, sd), first)]
+            edges += [(grads_out(n, i, dd), first)] + ([(grads_out(n, i, sd), first)] if meet else [])
             edges += [(k, grads_in(n, i, sd)) for k in last] + [(k, (1, n - p, 0, pt)) for k in last]
             _stage(b, tasks, edges, key, first, last, nbytes, GRADIENT_SEND, dd,
                    tuple((1, n - i, 0, c) for c in dst) + (grads_out(n, i, dd),), grads_in(n, i, dd),

@@ -8,8 +8,8 @@ import pytest
 from autopar.planner.cost import Curve, ProfileCache
 from autopar.planner.cost.calibration import CALIBRATION_METHOD, STAGING_PARTS, RuntimeCalibration
 from autopar.trainer.calibrate import (IN_SITU_BATCHES, QUICK_SIZES, calibrate, fit_intercept, fit_optimizer,
-                                      issue_curve, message_latencies, message_serial, receive_posting,
-                                      staging_curves)
+                                      in_situ_job, issue_curve, message_latencies, message_serial,
+                                      one_way_latencies, receive_posting, staging_curves)
 
 
 def _monotone_positive(points) -> bool:
@@ -61,6 +61,13 @@ def test_a_quick_calibration_of_two_ranks_is_complete_and_round_trips(tmp_path):
     for size in sizes:
         assert cal.p2p(size) == pytest.approx(means(size), rel=1e-9)
     assert cal.p2p(16 << 20) >= cal.p2p(sizes[-1])
+    # One-way messages were measured apart, on the chain's ops placed on ranks 0 and 1 in turn.
+    one_way = fit["one_way"]["per_size"]
+    assert [p["batch"] for p in one_way] == sorted(IN_SITU_BATCHES) and all(p["messages"] > 0 for p in one_way)
+    assert _monotone_positive(cal.p2p_oneway.points)
+    for p in one_way:
+        assert cal.p2p_oneway(p["message_bytes"]) == pytest.approx(
+            Curve.fit((q["message_bytes"], q["mean_s"]) for q in one_way)(p["message_bytes"]), rel=1e-9)
     assert fit["predicted_step_s"] > 0 and fit["measured_step_s"] > 0
     batches = details["message_batches"]
     assert cal.message_serial_s == batches["message_serial_s"] >= 0 and batches["one_each_way_s"] > 0
@@ -117,6 +124,28 @@ def test_message_latencies_pair_the_ranks_calls():
     assert samples == pytest.approx([0.3, 0.2, 0.25]) and size == 64
     with pytest.raises(ValueError):
         message_latencies([rank0, {"times": [0.01], "calls": [[(1.2, 1.4, 64)]]}])
+
+
+def test_one_way_latencies_run_from_the_senders_entry_to_the_receivers_return():
+    """Ranks 0 and 1 make the same calls; in each, one receives (its bytes) or neither does: the
+    latency runs from the other rank's entry, whichever came first."""
+    rank0 = {"times": [0.01], "calls": [[(1.0, 1.1, 0), (2.0, 2.5, 64), (3.0, 3.1, 0)]]}
+    rank1 = {"times": [0.01], "calls": [[(1.05, 1.3, 64), (2.2, 2.3, 0), (3.0, 3.05, 0)]]}
+    samples, size = one_way_latencies([rank0, rank1, {"times": [], "calls": []}])   # rank 2 takes no part
+    assert samples == pytest.approx([0.3, 0.3]) and size == 64
+    with pytest.raises(ValueError):
+        one_way_latencies([rank0, {"times": [0.01], "calls": [[(1.05, 1.3, 64)]]}])
+    with pytest.raises(ValueError):
+        one_way_latencies([rank0])
+
+
+def test_the_one_way_workload_puts_each_op_whole_on_ranks_0_and_1_in_turn():
+    job = in_situ_job(3, 8, one_way=True)
+    devices = [job.strategy[op.name].devices for op in job.graph.ops]
+    assert devices == [(k % 2,) for k in range(len(job.graph.ops))]
+    assert all(d == 1 for op in job.graph.ops for d in job.strategy[op.name].degrees)
+    two_way = in_situ_job(2, 8)
+    assert len(two_way.graph.ops) > len(job.graph.ops)        # its ranks compute between exchanges
 
 
 def test_message_serial_is_half_what_a_second_message_each_way_adds():

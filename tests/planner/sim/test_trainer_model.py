@@ -48,20 +48,69 @@ def test_every_device_runs_its_tasks_in_program_order(name, seed):
         assert starts == sorted(starts)
 
 
-def test_a_message_waits_for_both_ranks_to_reach_its_op():
-    g = mlp()
-    b = TaskGraphBuilder(g, get_preset("local:2"), CostModel().bind(g))
-    res, tl, tg = simulate_strategy(b, model_parallel(g, 2))
+def _flows(g, strategy, tg) -> dict:
+    """(stage, op, input) -> the (sender, receiver) device pairs of its messages, from the message
+    keys (stage, op, 1, input, producer task, receiver device, ...)."""
     n = len(g.ops)
-    messages = [k for k in tg if tg.task(k).kind == "comm" and k[0] == 0]
-    assert messages
-    for k in messages:
-        i = k[1]
-        for d in (0, 1):
-            assert tl.start[k] >= tl.end[(0, i, -1, d, 0)]     # both ranks arrived at op i
-    for k in [k for k in tg if tg.task(k).kind == "comm" and k[0] == 1]:
-        i = n - k[1]
-        assert tl.start[k] >= max(tl.end[(1, n - i, 2, d, 0)] for d in (0, 1))
+    flows: dict = {}
+    for k in tg:
+        if tg.task(k).kind == "comm" and k[0] in (0, 1) and len(k) >= 6 and k[2] == 1:
+            i = k[1] if k[0] == 0 else n - k[1]
+            sd = strategy[g.ops[i].inputs[k[3]].op].devices[k[4]]
+            flows.setdefault((k[0], i, k[3]), set()).add((sd, k[5]) if k[0] == 0 else (k[5], sd))
+    return flows
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_two_way_message_waits_for_both_ranks_a_one_way_message_for_its_sender(seed):
+    """Gloo ranks post their receives ahead, so a message leaves when its sender reaches the
+    exchange; only an exchange in which the two ranks send to each other meets at the op.  Each
+    costs its curve: ``p2p`` two ways, ``p2p_oneway`` one way."""
+    g = mlp()
+    cal = default_calibration("CPU-core", "gloo", 2)
+    b = TaskGraphBuilder(g, get_preset("local:2"), CostModel().bind(g), runtime=cal)
+    strategy = model_parallel(g, 2) if seed == 0 else _random(g, 2, seed)
+    res, tl, tg = simulate_strategy(b, strategy)
+    n = len(g.ops)
+    flows = _flows(g, strategy, tg)
+    kinds = set()
+    for k in tg:
+        if not (tg.task(k).kind == "comm" and k[0] in (0, 1) and len(k) == 7 and k[2] == 1 and k[-1] == -1):
+            continue
+        stage, i = k[0], (k[1] if k[0] == 0 else n - k[1])
+        sd = strategy[g.ops[i].inputs[k[3]].op].devices[k[4]]
+        src, dst = (sd, k[5]) if stage == 0 else (k[5], sd)
+        two_way = (k[5], sd) in flows[(0, i, k[3])]
+        kinds.add(two_way)
+        arrive = (lambda d: (0, i, -1, d, 0)) if stage == 0 else (lambda d: (1, n - i, 2, d, 0))
+        assert tl.start[k] >= tl.end[arrive(src)] - 1e-12             # the sender got there
+        assert (arrive(dst) in tg.preds(k)) == two_way                  # the receiver too, two ways only
+        wire = tg.task(k[:-1] + (0,))
+        latency = tg.task(k).duration
+        serial = tg.task(k[:-1] + (-2,)).duration if k[:-1] + (-2,) in tg else 0.0
+        total = cal.message_time(wire.nbytes, two_way)
+        assert latency + wire.duration + 2 * serial == pytest.approx(max(total, 0) + cal.exchange_s, rel=1e-6, abs=2e-9)
+    assert kinds    # the plans move data
+    assert cal.message_time(1 << 20, False) < cal.message_time(1 << 20, True)
+
+
+def test_a_one_way_message_can_arrive_before_its_receiver_reaches_the_op():
+    """Everything on rank 0 but the last layer, on rank 1: its input leaves rank 0 as soon
+    as rank 0 sends it, and only NCCL ranks (which post a receive with its exchange) meet first."""
+    from dataclasses import replace
+    from autopar.planner.ir import ParallelConfig
+    g = mlp()
+    one = {op.name: data_parallel(g, 1)[op.name] for op in g.ops}
+    i = [op.name for op in g.ops].index("fc2")
+    moved = Strategy.from_mapping(g, {**one, g.ops[i].name: ParallelConfig(one[g.ops[i].name].degrees, (1,))}, "moved")
+    for backend, meets in (("gloo", False), ("nccl", True)):
+        cal = replace(default_calibration("CPU-core", "gloo", 2), backend=backend)
+        tg = TaskGraphBuilder(g, get_preset("local:2"), CostModel().bind(g), runtime=cal).build(moved)
+        msgs = [k for k in tg if tg.task(k).kind == "comm" and k[0] == 0 and k[1] == i and k[-1] == -1]
+        assert msgs and cal.receives_ahead != meets
+        for k in msgs:
+            assert ((0, i, -1, 1, 0) in tg.preds(k)) == meets
+            assert (0, i, -1, 0, 0) in tg.preds(k)
 
 
 def test_the_messages_of_one_exchange_between_two_ranks_queue_one_after_another():
@@ -70,7 +119,7 @@ def test_the_messages_of_one_exchange_between_two_ranks_queue_one_after_another(
     of them, so one message each way costs the point-to-point time."""
     from dataclasses import replace
     g = mlp()
-    cal = replace(default_calibration("CPU-core", "gloo", 2), message_serial_s=50e-6)
+    cal = replace(default_calibration("CPU-core", "gloo", 2), message_serial_s=50e-6, p2p_oneway=None)
     b = TaskGraphBuilder(g, get_preset("local:2"), CostModel().bind(g), runtime=cal)
     res, tl, tg = simulate_strategy(b, model_parallel(g, 2))
     queued = [k for k in tg if tg.task(k).kind == "comm" and k[-1] == -2]
@@ -99,7 +148,7 @@ def test_only_a_messages_wire_time_queues_on_the_link_the_rest_of_its_time_is_wa
     from autopar.planner.cost import Curve
     g = mlp()
     base = replace(default_calibration("CPU-core", "gloo", 2), staging=(), message_serial_s=0.0,
-                   p2p=Curve(((0.0, 100e-6), (1e6, 1.1e-3))))
+                   p2p=Curve(((0.0, 100e-6), (1e6, 1.1e-3))), p2p_oneway=None)
     wired = replace(base, wire=Curve(((0.0, 0.0), (1e6, 0.1e-3))))
     topo = get_preset("local:2")
     steps = {}
