@@ -108,8 +108,8 @@ is: run it when nothing else competes for the cores.  `calibrate(world)` measure
    that the ranks compute between exchanges about as long as a small model's ops: such
    exchanges stall (2-3 ms, a third to a half of the time here), and the longer the ranks
    compute between them, the more often.  The mean at each size is a point of the
-   point-to-point curve (on this machine 0.39 ms at 1 KiB, 0.57 ms at 16 KiB, 1.2 ms at 256 KiB,
-   1.35 ms at 1 MiB; without the extra ops 0.27-0.35 ms up to 16 KiB); beyond 1 MiB the
+   point-to-point curve (on this machine 0.63 ms at 1 and 16 KiB, 0.88 ms at 64 KiB, 1.1 ms at
+   256 KiB, 1.2 ms at 1 MiB; without the extra ops 0.27-0.35 ms up to 16 KiB); beyond 1 MiB the
    microbenchmark's median curve, shifted to meet it.  The same steps give the staging (8.).
    The same chain with its ops whole and on ranks 0 and 1 in turn (``one_way``) sends every
    message one way; its latencies, from the sender's entry to the receiver's return
@@ -903,12 +903,12 @@ def message_serial(per_rank: list[dict[int, list[tuple[float, float]]]]) -> tupl
 IN_SITU_LAYERS = 12
 IN_SITU_WIDTH = 256
 IN_SITU_BATCH = 32
-#: Extra ``tanh`` ops after each layer of the two-way chain: the ranks compute between exchanges
-#: about as long as a small model's ops do (0.3-1 ms), without changing the messages.  An exchange
-#: in which two ranks send to each other stalls more often the longer they compute between
-#: exchanges: at 16 KiB its messages took 0.36 ms on average in the plain chain, 0.59 ms with
-#: these, and 0.96 ms in an RNN's model-parallel steps.
-IN_SITU_BUSY_OPS = 8
+#: Extra ``tanh`` ops after each layer of the two-way chain: the ranks compute about 0.7 ms between
+#: exchanges, as long as a small model's ops do (an RNN's cells: 0.5-1.1 ms), without changing
+#: the messages.  An exchange in which two ranks send to each other stalls more often the longer
+#: they compute between exchanges: at 16 KiB its messages took 0.36 ms on average in the plain
+#: chain, 0.59 ms with 8 of these, 0.71 ms with 16, and 0.9-1.0 ms in an RNN's model-parallel steps.
+IN_SITU_BUSY_OPS = 16
 
 
 def in_situ_job(world: int, batch: int = IN_SITU_BATCH, one_way: bool = False):

@@ -288,8 +288,8 @@ def default_calibration(product: str, backend: str, world: int, cores: int | Non
     yet.  Only the shape is portable: calibrate (``autopar profile --topology local:N``)."""
     cores = cores if cores is not None else (os.cpu_count() or 1)
     # Inside steps (`autopar.trainer.calibrate`, stage 6): two ranks sending to each other, and one way.
-    p2p = Curve.fit([(1 << 10, 390e-6), (16 << 10, 565e-6), (64 << 10, 890e-6), (256 << 10, 1.2e-3), (1 << 20, 1.35e-3),
-                     (4 << 20, 2.45e-3), (16 << 20, 6.7e-3)])
+    p2p = Curve.fit([(1 << 10, 630e-6), (16 << 10, 632e-6), (64 << 10, 875e-6), (256 << 10, 1.1e-3), (1 << 20, 1.18e-3),
+                     (4 << 20, 1.85e-3), (16 << 20, 6.0e-3)])
     sizes = (1 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20)   # staging: seconds per message
     ar2 = Curve.fit([(4, 130e-6), (64 << 10, 290e-6), (1 << 20, 820e-6), (4 << 20, 3.8e-3), (16 << 20, 13.8e-3)])
     return RuntimeCalibration(product=product, backend=backend, world=world, fwd_task_s=60e-6, bwd_task_s=40e-6,
