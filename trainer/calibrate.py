@@ -113,7 +113,7 @@ is: run it when nothing else competes for the cores.  `calibrate(world)` measure
    microbenchmark's median curve, shifted to meet it.  The same steps give the staging (8.).
    The same chain with its ops whole and on ranks 0 and 1 in turn (``one_way``) sends every
    message one way; its latencies, from the sender's entry to the receiver's return
-   (`one_way_latencies`), give ``p2p_oneway`` (`one_way_curve`): 0.12 ms at 2 KiB, 0.23 ms at
+   (`one_way_latencies`), give ``p2p_oneway`` (`in_step_curve`): 0.12 ms at 2 KiB, 0.23 ms at
    128 KiB, 0.35 ms at 512 KiB and 0.94 ms at 2 MiB here, what a transformer's one-way messages
    took in its model-parallel steps (128 KiB 0.18-0.24 ms, 256 KiB 0.24-0.36 ms).
 
@@ -1123,13 +1123,15 @@ def one_way_latencies(per_rank: list[dict[str, list]]) -> tuple[list[float], flo
     return samples, statistics.median(sizes)
 
 
-def one_way_curve(one_way: list[dict[int, dict[str, list]]], shape: Curve) -> tuple[Curve, list[dict]]:
-    """``p2p_oneway``: the mean latency of the one-way workload's messages at each of its batches
-    (`one_way_latencies`), made monotone, and beyond the largest the `shape` curve shifted to meet
-    it (as `fit_exchange_latency` extends ``p2p``)."""
+def in_step_curve(runs: list[dict[int, dict[str, list]]], latencies: Callable,
+                  shape: Curve) -> tuple[Curve, list[dict]]:
+    """A latency curve from an in-situ workload's runs (per rank, per batch): the mean of
+    `latencies` (`message_latencies` or `one_way_latencies`) at each batch's message size, made
+    monotone, and beyond the largest the `shape` curve shifted to meet it (the tail belongs to the
+    latency, not to the bytes).  Also the statistics per size."""
     per_size = []
-    for batch in sorted(one_way[0]):
-        samples, size = one_way_latencies([r[batch] for r in one_way])
+    for batch in sorted(runs[0]):
+        samples, size = latencies([r[batch] for r in runs])
         st = _stats(samples)
         per_size.append({"batch": batch, "message_bytes": size, "messages": len(samples), "mean_s": st["mean"],
                          "median_s": st["median"], "p90_s": st["p90"]})
@@ -1169,21 +1171,12 @@ def fit_exchange_latency(cal: RuntimeCalibration, world: int, cfg: "Settings",
     from autopar.planner.hardware import get_preset
     from autopar.planner.sim import TaskGraphBuilder, simulate_strategy
 
-    per_size = []
-    for batch in sorted(in_situ[0]):
-        samples, size = message_latencies([r[batch] for r in in_situ])
-        st = _stats(samples)
-        per_size.append({"batch": batch, "message_bytes": size, "messages": len(samples), "mean_s": st["mean"],
-                         "median_s": st["median"], "p90_s": st["p90"]})
     shape = wire if wire is not None else cal.p2p
-    last = per_size[-1]
-    shift = last["mean_s"] - shape(last["message_bytes"])
-    points = [(p["message_bytes"], p["mean_s"]) for p in per_size]
-    points += [(x, max(0.0, y + shift)) for x, y in shape.points if x > last["message_bytes"]]
-    tuned = replace(cal, p2p=Curve.fit(points))
+    p2p, per_size = in_step_curve(in_situ, message_latencies, shape)
+    tuned = replace(cal, p2p=p2p)
     one_way_sizes = None
-    if one_way is not None:
-        oneway, one_way_sizes = one_way_curve(one_way, shape)
+    if one_way is not None:     # ``p2p_oneway``, the same way from the one-way workload's runs
+        oneway, one_way_sizes = in_step_curve(one_way, one_way_latencies, shape)
         tuned = replace(tuned, p2p_oneway=oneway)
 
     job = in_situ_job(world)
@@ -1218,8 +1211,8 @@ def fit_exchange_latency(cal: RuntimeCalibration, world: int, cfg: "Settings",
 
 
 def summary(cal: RuntimeCalibration) -> dict[str, Any]:
-    """The numbers `autopar profile` prints: p2p at 4 B and 1 MiB (and one way at 1 MiB), all-reduce at 1 MiB among all
-    ranks, the overheads (microseconds; ``bwd_call_us``: an unfused op's own backward call;
+    """The numbers `autopar profile` prints: p2p at 4 B and 1 MiB (and one way at 1 MiB), all-reduce
+    at 1 MiB among all ranks, the overheads (microseconds; ``bwd_call_us``: an unfused op's own backward call;
     posting a receive; issuing a 4 MiB all-reduce), the optimizer coefficients and the staging of
     a 1 MiB message."""
     us = 1e6
