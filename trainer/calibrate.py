@@ -909,6 +909,8 @@ IN_SITU_BATCH = 32
 #: they compute between exchanges: at 16 KiB its messages took 0.36 ms on average in the plain
 #: chain, 0.59 ms with 8 of these, 0.71 ms with 16, and 0.9-1.0 ms in an RNN's model-parallel steps.
 IN_SITU_BUSY_OPS = 16
+#: The one-way workload's strategy (`in_situ_job` with ``one_way``): the chain's ops whole, on ranks 0 and 1 in turn.
+ONE_WAY_STRATEGY = "alternating"
 
 
 def in_situ_job(world: int, batch: int = IN_SITU_BATCH, one_way: bool = False):
@@ -936,7 +938,7 @@ def in_situ_job(world: int, batch: int = IN_SITU_BATCH, one_way: bool = False):
     graph = import_spec(spec)
     if one_way:
         strategy = Strategy.from_mapping(graph, {op.name: ParallelConfig((1,) * len(op.pardims), (k % 2,))
-                                                 for k, op in enumerate(graph.ops)}, "alternating")
+                                                 for k, op in enumerate(graph.ops)}, ONE_WAY_STRATEGY)
     else:
         strategy = named_strategy("model-parallel", graph, get_preset(f"local:{world}"))
     cfg = TrainConfig(model=spec.name, optimizer=OptimizerConfig("sgd", lr=0.01, momentum=0.9), log=False)
@@ -1206,7 +1208,7 @@ def fit_exchange_latency(cal: RuntimeCalibration, world: int, cfg: "Settings",
            "microbenchmark_s": cal.p2p(at["message_bytes"]), "predicted_step_s": predicted(tuned),
            "predicted_at_microbenchmark_s": predicted(cal)}
     if one_way_sizes is not None:
-        fit["one_way"] = {"workload": in_situ_job(world, IN_SITU_BATCH, True).strategy.name, "per_size": one_way_sizes}
+        fit["one_way"] = {"strategy": ONE_WAY_STRATEGY, "per_size": one_way_sizes}
     return tuned, fit
 
 

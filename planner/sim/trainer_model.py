@@ -462,7 +462,7 @@ def _post(b, tasks: list, edges: list, key: tuple, dst: int) -> None:
     """The receiver posting message `key`'s receive ahead as its step begins (the calibrated
     ``post_s``: gloo ranks post every receive of a step before their first op, `trainer.comm.RecvAhead`)."""
     post = b.runtime.post_s
-    if post > 0 and not b.runtime.launches_async:
+    if post > 0 and b.runtime.receives_ahead:
         k = key + (-5,)
         tasks.append((k, dst, post, "overhead", 0.0, "post receive"))
         edges.append((k, arrive(0, dst)))
