@@ -47,7 +47,8 @@ repetitions — so that, as in an N-rank step, the other cores compete for memor
 shared cache while one measures; the stored time is the median over the workers of their means.
 The workers come from a fork server (a process that traced a model with fake tensors and ran a
 backward pass cannot be forked safely) and import the model themselves by name.  ``workers=1``,
-``concurrent=False`` and CUDA devices measure in the calling process.
+``concurrent=False`` and CUDA devices measure in the calling process; on the CPU it too keeps
+freed memory (`keep_freed_memory`), as the workers and the trainer's ranks do.
 
 Timing: ``time.perf_counter`` around each call on CPU (PyTorch CPU ops are synchronous).  On
 CUDA two numbers per call (`_cuda_times`): the kernels' seconds on the device, from
@@ -814,6 +815,8 @@ def profile_local(models: Sequence[str], *, workers: int = 2, options: Mapping[s
     threads = torch.get_num_threads()
     if device.type == "cpu":
         torch.set_num_threads(1)
+        if not concurrent:
+            keep_freed_memory()  # measured in this process: in the memory regime of the trainer's ranks
     try:
         for name in models:
             spec = load_model(name, **dict(options or {}))

@@ -287,6 +287,18 @@ def test_concurrent_profiling_fills_the_same_keys_as_in_process(tmp_path):
     assert [c[1] for c in calls] == list(range(n + 1))
 
 
+def test_in_process_cpu_profiling_keeps_freed_memory_as_the_ranks_do(tmp_path, monkeypatch):
+    """Measured in this process (workers=1, or concurrent=False), the CPU profile runs in the
+    trainer's memory regime (`keep_freed_memory`): without it every backward faulted in fresh pages
+    for its gradients, and a local:1 profile of rnnlm put the backward 48 % above a two-worker one."""
+    from autopar.planner.cost import profiler
+    calls = []
+    monkeypatch.setattr(profiler, "keep_freed_memory", lambda: calls.append("kept"))
+    profile_local(["lenet"], workers=1, options={"batch": 2}, cache=ProfileCache.load(tmp_path / "one.json"),
+                  repeats=1, warmup=0, rounds=1)
+    assert calls == ["kept"]
+
+
 def test_each_task_keeps_its_median_pass(monkeypatch):
     """`rounds` passes over all tasks, one after another; a task keeps the median of its passes'
     forward and backward times; a task that fails in a pass is skipped with the reason (and not
