@@ -1229,19 +1229,25 @@ def summary(cal: RuntimeCalibration) -> dict[str, Any]:
                           for name, t, b in cal.optimizer},
             "staging_1MiB_us": {name: cal.staging_time(k, 1 << 20) * us for k, name in enumerate(STAGING_PARTS)}
                                if cal.staging else None,
+            "not_measured": list(dict(cal.details).get("not_measured", [])),
             "date": dict(cal.details).get("date")}
 
 
 def summary_line(cal: RuntimeCalibration) -> str:
-    """One line of `summary` for people."""
+    """One line of `summary` for people.  What a calibration could not measure (one rank has no peer
+    for messages or all-reduces) is said to be not measured rather than printed as its default."""
     s = summary(cal)
+    missing = set(s["not_measured"])
     opt = ", ".join(f"{name} {t * 1e6:.0f} us/tensor + {b * (1 << 20) * 1e6:.0f} us/MiB"
                     for name, t, b in cal.optimizer)
-    return (f"p2p {s['p2p_4B_us']:.0f} us at 4 B, {s['p2p_1MiB_us']:.0f} us at 1 MiB "
+    comm = ("p2p and all-reduce not measured (one rank: no peer)" if {"p2p", "allreduce"} <= missing else
+            f"p2p {s['p2p_4B_us']:.0f} us at 4 B, {s['p2p_1MiB_us']:.0f} us at 1 MiB "
             f"({s['p2p_oneway_1MiB_us']:.0f} us one way); all-reduce "
-            f"{s['allreduce_1MiB_us']:.0f} us at 1 MiB ({max(2, cal.world)} ranks); overheads fwd "
+            f"{s['allreduce_1MiB_us']:.0f} us at 1 MiB ({max(2, cal.world)} ranks)")
+    exchange = "exchange not measured" if "exchange_s" in missing else f"exchange {s['exchange_us']:.0f} us"
+    return (f"{comm}; overheads fwd "
             f"{s['fwd_task_us']:.0f} us, bwd {s['bwd_task_us']:.0f} us per task (+{s['bwd_call_us']:.0f} us per own "
-            f"backward call), exchange {s['exchange_us']:.0f} us, {s['post_us']:.0f} us per receive posted, "
+            f"backward call), {exchange}, {s['post_us']:.0f} us per receive posted, "
             f"{s['allreduce_issue_4MiB_us']:.0f} us to issue a 4 MiB all-reduce; "
             f"optimizer {opt}"
             + ("; staging of 1 MiB " + ", ".join(f"{name.replace('_', ' ')} {v:.0f} us"

@@ -213,3 +213,21 @@ def test_the_issue_curve_does_not_grow_past_the_largest_bucket_measured():
     bucket cost 95 ms to issue; sizes are binned and the curve is flat past the last one."""
     curve, _ = issue_curve([[(4 << 20, 5.0e-4), ((4 << 20) + 2048, 5.4e-4), ((4 << 20) + 4096, 5.9e-4)]])
     assert curve(8 << 20) == curve(4 << 20) == curve(1 << 34) == pytest.approx(5.43e-4, rel=1e-2)
+
+
+def test_summary_line_says_what_one_rank_could_not_measure():
+    """A one-rank calibration (`autopar profile --topology local:1`, or one GPU) has no peer for
+    messages, all-reduces or exchanges: its line says so instead of printing the defaults it keeps."""
+    from dataclasses import replace
+
+    from autopar.planner.cost.calibration import default_calibration
+    from autopar.trainer.calibrate import summary, summary_line
+    two = default_calibration("CPU-core", "gloo", 2)
+    line = summary_line(two)
+    assert line.startswith("p2p ") and "all-reduce" in line and "exchange " in line and "not measured" not in line
+    one = replace(default_calibration("H200-SXM-141GB", "nccl", 1),
+                  details=(("not_measured", ["p2p", "allreduce", "exchange_s"]),))
+    line = summary_line(one)
+    assert line.startswith("p2p and all-reduce not measured (one rank: no peer); overheads fwd ")
+    assert "exchange not measured" in line and " us at 1 MiB" not in line
+    assert summary(one)["not_measured"] == ["p2p", "allreduce", "exchange_s"]
