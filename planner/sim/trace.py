@@ -10,6 +10,11 @@ Layout, chosen to line up with the measured trace the trainer writes (one proces
   ``local`` topology, the device name elsewhere); its thread 0 holds the compute tasks, named
   ``fwd <op>`` and ``bwd <op>`` (the trainer's spans have the same names), and the optimizer
   updates, ``update <parameter>``;
+* on a GPU, thread 0 is the kernels' stream and thread 1 ("host") the host issuing them
+  (`planner.sim.trainer_model.op_plan`): ``fwd <op>`` and ``bwd <op>`` again, as the measured
+  trace's CPU-side spans of a CUDA rank are named, plus the autograd engine's start-up of an
+  op's own backward call (``engine call <op>``) and the issuing of gradient buckets.  A step that
+  the host paces shows there: the kernels' lane has gaps that the host's lane has not;
 * one process "links" with a thread per link that carried traffic: transfers
   (``send <op> input j``, ``grad <op> input j``) and gradient all-reduce ring steps
   (``allreduce <parameter>``), each on every link of its route.
@@ -26,14 +31,27 @@ from typing import Any
 from ..hardware.topology import DeviceTopology
 from ..ir.graph import OperatorGraph
 from .simulator import TaskGraph, Timeline
+from .trainer_model import _CHAIN_BASE
 
 _LINKS_PID = 1 << 20
+#: A GPU's thread for its host's tasks (thread 0 is its kernels' stream).
+_HOST_TID = 1
 
 
 def device_process_name(topology: DeviceTopology, device: int) -> str:
     """What a device's process is called in both traces: its rank for the local topology."""
     name = topology.devices[device].name
     return f"rank {device} ({name})" if dict(topology.meta).get("preset", "").startswith("local") else name
+
+
+def _host_task_name(key: tuple, label: str) -> str:
+    """A GPU host's task: issuing an op's kernels (``(stage, i, 3, t)``), an op's own backward
+    call (``(1, i, 4, t)``), or another of the host's costs (issuing a bucket), by its label."""
+    if len(key) == 4 and key[2] == 3 and key[0] in (0, 1):
+        return f"{'fwd' if key[0] == 0 else 'bwd'} {label}"
+    if len(key) == 4 and key[2] == 4:
+        return f"engine call {label}"
+    return label
 
 
 def _task_name(graph: OperatorGraph, params: list[str], key: tuple, kind: str, label: str) -> str:
@@ -58,27 +76,38 @@ def simulated_trace(graph: OperatorGraph, topology: DeviceTopology, timeline: Ti
     params = list(graph.param_specs)  # a ring task's key holds the parameter's index in this order
     events: list[dict[str, Any]] = []
     used_links: set[int] = set()
+    hosts: set[int] = set()
     for r in timeline.resources():
+        host = _CHAIN_BASE <= r < _CHAIN_BASE + n
         if r < n:
             pid, tid = r, 0
         elif r < n + len(topology.links):
             pid, tid = _LINKS_PID, r - n
+        elif host:
+            pid, tid = r - _CHAIN_BASE, _HOST_TID   # a GPU's host; on a CPU rank only barriers run there
         else:
-            continue  # the simulator's virtual resources (barriers)
+            continue  # the simulator's virtual resources (barriers, message latencies)
         for key, start, end in timeline.spans(r):
             info = task_graph.task(key)
             if info.kind == "barrier":
                 continue
             if pid == _LINKS_PID:
                 used_links.add(tid)
-            events.append({"name": _task_name(graph, params, key, info.kind, info.label), "cat": info.kind, "ph": "X",
+            if host:
+                hosts.add(pid)
+            name = (_host_task_name(key, info.label) if host
+                    else _task_name(graph, params, key, info.kind, info.label))
+            events.append({"name": name, "cat": "host" if host else info.kind, "ph": "X",
                            "pid": pid, "tid": tid, "ts": start * 1e6, "dur": max(end - start, 0.0) * 1e6,
                            "args": {"key": list(key), "bytes": info.nbytes, "where": info.label}})
     meta = []
     for d in range(n):
         meta.append({"name": "process_name", "ph": "M", "pid": d, "args": {"name": device_process_name(topology, d)}})
         meta.append({"name": "process_sort_index", "ph": "M", "pid": d, "args": {"sort_index": d}})
-        meta.append({"name": "thread_name", "ph": "M", "pid": d, "tid": 0, "args": {"name": "compute"}})
+        meta.append({"name": "thread_name", "ph": "M", "pid": d, "tid": 0,
+                     "args": {"name": "kernels" if d in hosts else "compute"}})
+        if d in hosts:
+            meta.append({"name": "thread_name", "ph": "M", "pid": d, "tid": _HOST_TID, "args": {"name": "host"}})
     if used_links:
         meta.append({"name": "process_name", "ph": "M", "pid": _LINKS_PID, "args": {"name": "links"}})
         meta.append({"name": "process_sort_index", "ph": "M", "pid": _LINKS_PID, "args": {"sort_index": n}})

@@ -69,3 +69,36 @@ def test_the_simulated_trace_names_tasks_as_the_runtime_names_its_spans():
     assert any(e["name"].startswith("send ") for e in events)
     assert max(e["ts"] + e["dur"] for e in events) == pytest.approx(res.step_time * 1e6)
     assert doc["otherData"]["step_seconds"] == res.step_time
+
+
+def test_a_gpus_simulated_trace_has_its_hosts_lane_beside_its_kernels():
+    """On a GPU the simulator runs the host issuing kernels and the kernels on two streams; the
+    trace shows both, the host's spans named as the measured trace's CPU-side spans of a CUDA rank.
+    CPU ranks have one lane."""
+    from pathlib import Path
+
+    from autopar.planner.cost import ProfileCache
+    from autopar.planner.cost.calibration import default_calibration
+    from autopar.planner.hardware import load_topology
+    graph = import_spec(get_model("lenet", **LENET))
+    topo = load_topology(Path(__file__).parents[2] / "examples" / "topologies" / "one-h100.yaml")
+    cache = ProfileCache()   # what `autopar profile` on that GPU stores: its calibration for one rank
+    cache.put_calibration(default_calibration(topo.devices[0].product, "nccl", 1))
+    builder = TaskGraphBuilder(graph, topo, CostModel(cache))
+    res, tl, tg = simulate_strategy(builder, named_strategy("single-device", graph, topo))
+    doc = simulated_trace(graph, topo, tl, tg, name="single-device")
+    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in doc["traceEvents"] if e.get("name") == "thread_name"}
+    assert threads == {(0, 0): "kernels", (0, 1): "host"}
+    host = [e for e in doc["traceEvents"] if e.get("ph") == "X" and e["tid"] == 1]
+    kernels = [e for e in doc["traceEvents"] if e.get("ph") == "X" and e["tid"] == 0]
+    computed = {op.name for op in graph.ops if op.inputs}
+    assert {e["name"] for e in host} >= {f"fwd {name}" for name in computed} | {f"bwd {name}" for name in computed}
+    assert all(e["cat"] == "host" for e in host)
+    first = {e["name"]: e["ts"] for e in sorted(host, key=lambda e: -e["ts"])}
+    for e in kernels:   # a kernel starts once its host has issued it
+        if e["name"] in first and e["name"].startswith("fwd "):
+            assert e["ts"] >= first[e["name"]]
+    cpu = get_preset("local:2")
+    _, tl, tg = simulate_strategy(TaskGraphBuilder(graph, cpu, CostModel()), named_strategy("model-parallel", graph, cpu))
+    assert all(e["tid"] == 0 for e in simulated_trace(graph, cpu, tl, tg)["traceEvents"]
+               if e.get("ph") == "X" and e["pid"] in (0, 1))
