@@ -95,9 +95,9 @@ def simulated_trace(graph: OperatorGraph, topology: DeviceTopology, timeline: Ti
                 used_links.add(tid)
             if host:
                 hosts.add(pid)
-            name = (_host_task_name(key, info.label) if host
-                    else _task_name(graph, params, key, info.kind, info.label))
-            events.append({"name": name, "cat": "host" if host else info.kind, "ph": "X",
+            title = (_host_task_name(key, info.label) if host
+                     else _task_name(graph, params, key, info.kind, info.label))
+            events.append({"name": title, "cat": "host" if host else info.kind, "ph": "X",
                            "pid": pid, "tid": tid, "ts": start * 1e6, "dur": max(end - start, 0.0) * 1e6,
                            "args": {"key": list(key), "bytes": info.nbytes, "where": info.label}})
     meta = []

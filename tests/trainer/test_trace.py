@@ -89,6 +89,7 @@ def test_a_gpus_simulated_trace_has_its_hosts_lane_beside_its_kernels():
     doc = simulated_trace(graph, topo, tl, tg, name="single-device")
     threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in doc["traceEvents"] if e.get("name") == "thread_name"}
     assert threads == {(0, 0): "kernels", (0, 1): "host"}
+    assert doc["otherData"]["strategy"] == "single-device"
     host = [e for e in doc["traceEvents"] if e.get("ph") == "X" and e["tid"] == 1]
     kernels = [e for e in doc["traceEvents"] if e.get("ph") == "X" and e["tid"] == 0]
     computed = {op.name for op in graph.ops if op.inputs}
