@@ -149,7 +149,9 @@ class Curve:
 #: model's ops do, and the engine's start-up of an unfused op's own backward call apart
 #: (``bwd_call_s``; `autopar.trainer.calibrate`, stage 3); the posting of receives ahead (``post_s``)
 #: and the issuing of a bucket's all-reduce (``issue``).  3: one-way messages apart (``p2p_oneway``).
-CALIBRATION_METHOD = 3
+#: 4: the chains' ops evict the caches as the profiler does since its method 4, other ops' code
+#: too (`planner.cost.profiler._Interloper`).
+CALIBRATION_METHOD = 4
 
 
 @dataclass(frozen=True)

@@ -58,7 +58,8 @@ FORMAT_VERSION = 1
 #: they are measured again.  2: ops profiled with the model's own parameter values in workers that
 #: keep freed memory; the optimizer timed in the trainer's steps; message latency measured in steps.
 #: 3: an op's time is the mean of its timed calls, no longer their median (`profiler._timed_seconds`).
-MEASUREMENT_METHOD = 3
+#: 4: on the CPU, other ops' code runs before every call, as in a step (`profiler._Interloper`).
+MEASUREMENT_METHOD = 4
 
 Shape = tuple[int, ...]
 

@@ -262,6 +262,26 @@ def test_caches_are_evicted_on_the_cpu_only():
     assert cache_evictor(torch.device("meta")) is None
 
 
+def test_the_evictor_runs_other_ops_code_first_and_leaves_the_random_state_alone():
+    """Before the data eviction the CPU evictor runs a fixed module of the common ops forward and
+    backward (a step's other ops' code), with gradients even inside no_grad (the calibration's
+    chains), deterministically, and without drawing from the caller's random generator."""
+    import autopar.planner.cost.profiler as profiler
+    evict = cache_evictor(CPU)
+    others = profiler._interloper
+    assert isinstance(others, profiler._Interloper)
+    others.zero_grad(set_to_none=True)
+    state = torch.random.get_rng_state()
+    with torch.no_grad():
+        evict()
+    assert torch.equal(torch.random.get_rng_state(), state)
+    first = others.linear.weight.grad.clone()
+    assert first.abs().sum() > 0 and others.conv.weight.grad is not None and others.embed.weight.grad is not None
+    evict()
+    assert torch.allclose(others.linear.weight.grad, 2 * first)   # the same pass again: the same gradient
+    assert profiler._Interloper().linear.weight.equal(others.linear.weight)   # its own seed, every process alike
+
+
 def test_concurrent_profiling_fills_the_same_keys_as_in_process(tmp_path):
     """workers=2 on the CPU measures in two lockstep worker processes; the keys are those the
     in-process run measures (a superset of workers=1's), the times positive, progress reported here."""
