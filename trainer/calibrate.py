@@ -180,7 +180,7 @@ from torch import nn
 from autopar.planner.cost import STAGING_PARTS, Curve, RuntimeCalibration, default_calibration
 
 from .errors import TrainerConfigError
-from .launch import check_gpus, rank_device, run_local
+from .launch import check_gpus, rank_device, run_local, track_gloo_loops
 
 BACKEND = "gloo"
 #: The backend of a calibration on CUDA devices (`calibrate(..., device="cuda")`).
@@ -293,6 +293,8 @@ def _comm_rank(rank: int, world: int, cfg: Settings, kind: str = "cpu") -> dict 
     device = rank_device(kind, rank)   # the CPU, or CUDA device `rank` made current
     a = torch.randn(128, 128)   # the sender's host work (CPU), whatever the device
     groups = {r: dist.new_group(list(range(r))) for r in range(2, world + 1)}   # same order on every rank
+    if dist.get_backend() == "gloo":
+        track_gloo_loops()          # as the trainer's groups (`ProcessGroups.create`)
     dist.barrier()
     # Point to point, rank 0 -> rank 1; the others only join the barriers.
     p2p: dict[int, list[float]] = {}

@@ -18,6 +18,8 @@ from typing import Iterable, Mapping
 import torch
 import torch.distributed as dist
 
+from .launch import own_gloo_call, track_gloo_loops
+
 
 class ProcessGroups:
     """(purpose, device set) -> process group, for every set the plan communicates within.
@@ -42,6 +44,8 @@ class ProcessGroups:
             if ranks[-1] >= world:
                 raise ValueError(f"device set {ranks} needs {ranks[-1] + 1} ranks; the job has {world}")
             self._groups[(purpose, ranks)] = dist.new_group(list(ranks))
+            if dist.get_backend() == "gloo":
+                track_gloo_loops()        # each new group has its own network thread
 
     def get(self, purpose: str, ranks: tuple[int, ...]):
         try:
@@ -110,7 +114,8 @@ def exchange_many(sends: Mapping[tuple[int, int], torch.Tensor],
                 buf = torch.empty(sum(n for _, n in parts), dtype=recvs[(peer, parts[0][0])][1], device=device)
                 ops.append(dist.P2POp(dist.irecv, buf, peer, tag=tag))
             recvd[key] = (buf, parts)
-    works = dist.batch_isend_irecv(ops) if ops else []
+    with own_gloo_call():
+        works = dist.batch_isend_irecv(ops) if ops else []
     for op, w in zip(ops, works):
         if op.op is dist.irecv:
             recv_works.append(w)
@@ -216,9 +221,10 @@ class RecvAhead:
             if self._next_post > through and self._posted and self._bytes + nbytes > self.budget:
                 return
             got = {}
-            for (peer, tag), parts, dtype in sig:
-                buf = torch.empty(sum(n for _, n in parts), dtype=dtype, device=self.device)
-                got[(peer, tag)] = (buf, dist.irecv(buf, peer, tag=tag))
+            with own_gloo_call():
+                for (peer, tag), parts, dtype in sig:
+                    buf = torch.empty(sum(n for _, n in parts), dtype=dtype, device=self.device)
+                    got[(peer, tag)] = (buf, dist.irecv(buf, peer, tag=tag))
             self._posted[self._next_post] = got
             self._bytes += nbytes
             self._next_post += 1

@@ -150,8 +150,9 @@ class Curve:
 #: (``bwd_call_s``; `autopar.trainer.calibrate`, stage 3); the posting of receives ahead (``post_s``)
 #: and the issuing of a bucket's all-reduce (``issue``).  3: one-way messages apart (``p2p_oneway``).
 #: 4: the chains' ops evict the caches as the profiler does since its method 4, other ops' code
-#: too (`planner.cost.profiler._Interloper`).
-CALIBRATION_METHOD = 4
+#: too (`planner.cost.profiler._Interloper`).  5: gloo ranks bound to their own cores, and gloo's
+#: network threads kept from preempting a rank inside its own gloo calls (`trainer.launch`).
+CALIBRATION_METHOD = 5
 
 
 @dataclass(frozen=True)

@@ -59,7 +59,9 @@ FORMAT_VERSION = 1
 #: keep freed memory; the optimizer timed in the trainer's steps; message latency measured in steps.
 #: 3: an op's time is the mean of its timed calls, no longer their median (`profiler._timed_seconds`).
 #: 4: on the CPU, other ops' code runs before every call, as in a step (`profiler._Interloper`).
-MEASUREMENT_METHOD = 4
+#: 5: the concurrent CPU workers bound to their own cores, as the trainer's gloo ranks
+#: (`profiler.bind_to_own_cores`).
+MEASUREMENT_METHOD = 5
 
 Shape = tuple[int, ...]
 

@@ -196,6 +196,34 @@ def last_level_cache_bytes(root: Path = CPU_CACHE_SYSFS) -> int:
 _evict_buffer: torch.Tensor | None = None
 
 
+def bind_to_own_cores(index: int, count: int) -> tuple[int, ...]:
+    """Bind this process, and every thread it starts from now on, to its share of the cores it may
+    run on: process `index` of `count` local processes gets the `index`-th of `count` equal slices.
+    Returns the cores bound to, or ``()`` (nothing changed) where there are fewer cores than
+    processes or the system cannot bind.
+
+    The trainer's gloo ranks and the profiler's concurrent workers call it, so that a rank's
+    threads (its Python thread, gloo's network loop, the all-reduce workers) share one core, as
+    Intel's launcher and torchrun's NUMA binding bind CPU ranks.  Unbound, this machine's scheduler
+    put a rank's woken network thread behind the other rank's compute on its core while the other
+    core idled, and the message waited for the next tick (docs/simulation.md, "Tenth round").
+    """
+    import os
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return ()
+    if count < 1 or not 0 <= index < count or len(cpus) < count:
+        return ()
+    per = len(cpus) // count
+    mine = tuple(cpus[index * per:(index + 1) * per])
+    try:
+        os.sched_setaffinity(0, mine)
+    except OSError:
+        return ()
+    return mine
+
+
 def keep_freed_memory() -> None:
     """Have glibc's malloc keep freed memory for reuse instead of returning it to the system.
 
@@ -703,6 +731,7 @@ def _profile_worker(rank: int, model: str, options: dict[str, object], kind: str
     try:
         keep_freed_memory()     # as the trainer's ranks: freed blocks are reused, never faulted in again
         torch.set_num_threads(1)
+        bind_to_own_cores(rank, barrier.parties)    # as the trainer's gloo ranks (`trainer.launch.init_rank`)
         spec = load_model(model, **options)
         graph = import_spec(spec)
         module = spec.module

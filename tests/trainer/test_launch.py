@@ -60,3 +60,50 @@ def test_cuda_ranks_beyond_the_machines_gpus_are_refused_before_anything_starts(
         rank_device("cuda", have)
     check_gpus(have)   # as many as there are: fine
     assert rank_device("cpu", 5) == torch.device("cpu")
+
+
+def _placement(rank: int, world: int) -> tuple[tuple[int, ...], dict[str, list[int]], list[int]]:
+    """This rank's cores, and the scheduling policy of each of its threads by name after the
+    trainer's process groups are made (each group has its own gloo network thread), and the
+    network threads' policies while the rank is inside a gloo call."""
+    from autopar.trainer.comm import ProcessGroups
+    from autopar.trainer.launch import GLOO_LOOP_THREAD, own_gloo_call
+    groups = ProcessGroups()
+    groups.create([("sync", (0, 1)), ("bn", (0, 1))])
+
+    def policies() -> dict[str, list[int]]:
+        out: dict[str, list[int]] = {}
+        for task in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{task}/comm") as f:
+                out.setdefault(f.read().strip(), []).append(os.sched_getscheduler(int(task)))
+        return out
+
+    with own_gloo_call():
+        inside = policies()[GLOO_LOOP_THREAD]
+    return tuple(sorted(os.sched_getaffinity(0))), policies(), inside
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="thread names come from Linux's /proc")
+def test_gloo_ranks_get_their_own_cores_and_gloos_network_threads_yield_to_the_ranks_own_calls():
+    from autopar.trainer.launch import GLOO_LOOP_THREAD
+    cores = sorted(os.sched_getaffinity(0))
+    placed = run_local(_placement, 2)
+    for rank, (mine, policies, inside) in enumerate(placed):
+        if len(cores) >= 2:
+            per = len(cores) // 2
+            assert mine == tuple(cores[rank * per:(rank + 1) * per])
+        else:
+            assert mine == tuple(cores)
+        # the world's group and the two made here: three network threads, each of them ordinary
+        # outside the rank's own calls and non-preempting inside one
+        assert policies[GLOO_LOOP_THREAD] == [os.SCHED_OTHER] * 3
+        assert inside == [os.SCHED_BATCH] * 3
+        assert set(policies["python"]) == {os.SCHED_OTHER}
+
+
+def test_binding_to_cores_leaves_a_process_alone_where_there_are_too_few():
+    from autopar.planner.cost import bind_to_own_cores
+    before = os.sched_getaffinity(0)
+    assert bind_to_own_cores(0, len(before) + 1) == ()
+    assert bind_to_own_cores(3, 2) == ()
+    assert os.sched_getaffinity(0) == before
