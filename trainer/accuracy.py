@@ -38,7 +38,9 @@ over the pairs of one model's strategies whose measured times differ by more tha
 CV, and ``searched_vs_best_measured``: the searched plan's measured time over the best measured
 time of its model.  Apart from them, ``residual``: the one factor (measured over
 simulated) fitted on the first two models' rows, and the errors it would leave on the other
-two's -- reported, never applied.
+two's -- reported, never applied.  And ``machine_speed``: a fixed workload timed before and after
+each model's profile and its steps (`speed_probe`), so that a row's error can be read against how
+much the machine's own speed moved between the two -- reported, never applied.
 """
 
 from __future__ import annotations
@@ -275,6 +277,38 @@ def residual(rows: list[dict[str, Any]], fit_models: int = 2) -> dict[str, Any] 
                          "max_abs_error": max(absolute), "mean_error": statistics.fmean(errs)}}
 
 
+def speed_probe(repeats: int = 7) -> float:
+    """Median seconds of a fixed one-thread workload (matrix products and elementwise ops, about
+    20 ms) in this process: how fast this machine runs at this moment.
+
+    The benchmark's profile and its training steps are taken minutes apart, and a shared machine's
+    speed moves in between (on a 2-core VM, 2026-11-27, one thread repeating a fixed loop took
+    0.72-1.20x its median, CV 8 %): a row can be off because the machine ran at another speed
+    while its steps were measured than while its ops were profiled.  The probe before and after
+    each of the two phases shows that drift (``machine_speed``); it is reported, never applied."""
+    import torch
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        gen = torch.Generator().manual_seed(0)
+        a, x = torch.randn(256, 256, generator=gen), torch.randn(64, 512, generator=gen)
+
+        def work() -> None:
+            for _ in range(40):
+                (a @ a).relu_()
+                x.tanh().sum()
+
+        work()
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            work()
+            times.append(time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(threads)
+    return statistics.median(times)
+
+
 def _off_part(sim: dict[str, float], meas: dict[str, float]) -> str:
     """The part whose simulated seconds are furthest from the measured ones."""
     gaps = {k: sim[k] - meas[k] for k in STEP_PARTS}
@@ -307,6 +341,7 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
     cfg = {**_settings(quick), **overrides}
     topology = get_preset(f"local:{WORLD}")
     rows: list[dict[str, Any]] = []
+    speed: dict[str, dict[str, Any]] = {}
     t_all = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="autopar-accuracy-") as tmp:
         cache = ProfileCache.load(Path(cfg.get("profile_cache") or Path(tmp) / "profile.json"))
@@ -322,10 +357,12 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
             log(f"{model} {options}")
             spec = with_dtype(load_model(model, **options), None)
             graph = import_spec(spec)
+            probes = [speed_probe()]
             t0 = time.perf_counter()
             report = profile_local([model], workers=WORLD, options=options, cache=cache,
                                    repeats=cfg["profile_repeats"], warmup=2)
             log(f"  profiled {len(report.measured)} task shapes in {time.perf_counter() - t0:.0f} s")
+            probes.append(speed_probe())
             cost = CostModel(cache).bind(graph)
             chosen = strategies(graph, topology, cost, spec.module, cfg, log)
             builder = TaskGraphBuilder(graph, topology, cost, _OPT.name)
@@ -335,10 +372,17 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
             same = {name: first.setdefault(s.configs, name) for name, s in chosen.items()}
             unique = list(dict.fromkeys(same.values()))
             jobs = [Job(TrainConfig(model=model, optimizer=_OPT, log=False), spec, graph, chosen[n]) for n in unique]
+            probes.append(speed_probe())
             t0 = time.perf_counter()
             per_rank = run_local(_measure, WORLD, (jobs, cfg["warmup"], cfg["steps"]))
             log(f"  trained {len(jobs)} strategies x {cfg['warmup'] + cfg['steps']} steps in "
                 f"{time.perf_counter() - t0:.0f} s")
+            probes.append(speed_probe())
+            profile_s, steps_s = statistics.fmean(probes[:2]), statistics.fmean(probes[2:])
+            speed[graph.name] = {"probes_s": probes, "profile_s": profile_s, "steps_s": steps_s,
+                                 "steps_over_profile": steps_s / profile_s}
+            log(f"  machine speed probe: {profile_s * 1e3:.1f} ms around the profile, {steps_s * 1e3:.1f} ms "
+                f"around the steps ({steps_s / profile_s:.2f}x)")
             measured = {n: _measured_row([r[k] for r in per_rank]) for k, n in enumerate(unique)}
             for name in chosen:
                 med, cv, mparts = measured[same[name]]
@@ -359,6 +403,9 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
            "calibration": summary(calibration),
            "warmup_steps": cfg["warmup"], "measured_steps": cfg["steps"], "search_budget_s": cfg["search_budget_s"],
            "models": [{"model": m, "options": o} for m, o in models], "rows": rows, **totals(rows),
+           "machine_speed": {"probe": "median seconds of a fixed one-thread workload (`speed_probe`), before "
+                                      "and after each model's profile and its steps; reported, never applied",
+                             "per_model": speed},
            "wall_seconds": time.perf_counter() - t_all}
     return doc
 
@@ -386,6 +433,10 @@ def print_table(doc: dict[str, Any]) -> None:
         f"mean {100 * doc['mean_error']:+.1f} % (|·| {100 * t['abs_mean_error']:.0f} %), "
         f"Kendall tau {tau} over {doc['kendall_pairs']} pairs ({t['kendall_tau']}), "
         f"searched / best measured {searched} ({t['searched_vs_best_measured']})")
+    speed = doc.get("machine_speed", {}).get("per_model")
+    if speed:
+        console.print("machine speed during the steps against the profile (probe time, > 1: slower): "
+                      + ", ".join(f"{m} {v['steps_over_profile']:.2f}x" for m, v in speed.items()))
     res = doc.get("residual")
     if res:
         h = res["held_out"]

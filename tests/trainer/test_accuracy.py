@@ -7,7 +7,7 @@ import json
 import pytest
 
 from autopar.planner.sim import STEP_PARTS
-from autopar.trainer.accuracy import _measured_row, kendall_tau, run_accuracy_bench, totals
+from autopar.trainer.accuracy import _measured_row, kendall_tau, run_accuracy_bench, speed_probe, totals
 
 
 def _row(model, strategy, sim, meas, cv=0.01):
@@ -81,6 +81,20 @@ def test_a_small_accuracy_run_reports_every_row_and_the_totals():
             seen[key] = r
     assert {"median_abs_error", "p90_abs_error", "max_abs_error", "mean_error", "kendall_tau",
             "searched_vs_best_measured"} <= set(doc)
+    speed = doc["machine_speed"]["per_model"]["lenet"]   # the probe around the profile and the steps
+    assert len(speed["probes_s"]) == 4 and all(p > 0 for p in speed["probes_s"])
+    assert speed["steps_over_profile"] == pytest.approx(speed["steps_s"] / speed["profile_s"])
+
+
+def test_the_speed_probe_times_one_thread_and_gives_the_threads_back():
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert speed_probe(repeats=3) > 0
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_strategies_train_in_blocks_of_consecutive_steps(monkeypatch):
