@@ -39,7 +39,7 @@ CV, and ``searched_vs_best_measured``: the searched plan's measured time over th
 time of its model.  Apart from them, ``residual``: the one factor (measured over
 simulated) fitted on the first two models' rows, and the errors it would leave on the other
 two's -- reported, never applied.  And ``machine_speed``: a fixed workload timed before and after
-each model's profile and its steps (`speed_probe`), so that a row's error can be read against how
+each model's profile and its steps, compute-bound and memory-bound (`speed_probe`), so that a row's error can be read against how
 much the machine's own speed moved between the two -- reported, never applied.
 """
 
@@ -277,36 +277,63 @@ def residual(rows: list[dict[str, Any]], fit_models: int = 2) -> dict[str, Any] 
                          "max_abs_error": max(absolute), "mean_error": statistics.fmean(errs)}}
 
 
-def speed_probe(repeats: int = 7) -> float:
-    """Median seconds of a fixed one-thread workload (matrix products and elementwise ops, about
-    20 ms) in this process: how fast this machine runs at this moment.
+#: The memory part of `speed_probe`: a buffer larger than the last-level caches of the machines
+#: it runs on (32 MiB here), so that each pass goes to memory.
+PROBE_MEMORY_BYTES = 64 << 20
+
+
+def speed_probe(repeats: int = 7) -> dict[str, float]:
+    """How fast this machine runs at this moment, in one thread of this process: the median
+    seconds of a fixed compute-bound workload (matrix products and elementwise ops on tensors
+    that stay in the core's caches, about 20 ms) and of a memory-bound one (adding to every
+    element of a `PROBE_MEMORY_BYTES` buffer, a few ms), as ``compute_s`` and ``memory_s``.
 
     The benchmark's profile and its training steps are taken minutes apart, and a shared machine's
     speed moves in between (on a 2-core VM, 2026-11-27, one thread repeating a fixed loop took
-    0.72-1.20x its median, CV 8 %): a row can be off because the machine ran at another speed
-    while its steps were measured than while its ops were profiled.  The probe before and after
-    each of the two phases shows that drift (``machine_speed``); it is reported, never applied."""
+    0.72-1.20x its median, CV 8 %; a pass over 64 MiB, CV 16 %): a row can be off because the
+    machine ran at another speed while its steps were measured than while its ops were profiled.
+    The probe before and after each of the two phases shows that drift (``machine_speed``); it is
+    reported, never applied."""
     import torch
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         gen = torch.Generator().manual_seed(0)
         a, x = torch.randn(256, 256, generator=gen), torch.randn(64, 512, generator=gen)
+        buf = torch.zeros(PROBE_MEMORY_BYTES // 4)
 
-        def work() -> None:
+        def compute() -> None:
             for _ in range(40):
                 (a @ a).relu_()
                 x.tanh().sum()
 
-        work()
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
+        def memory() -> None:
+            buf.add_(1.0)
+
+        out = {}
+        for name, work in (("compute_s", compute), ("memory_s", memory)):
             work()
-            times.append(time.perf_counter() - t0)
+            times = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                work()
+                times.append(time.perf_counter() - t0)
+            out[name] = statistics.median(times)
     finally:
         torch.set_num_threads(threads)
-    return statistics.median(times)
+    return out
+
+
+def _drift(probes: list[dict[str, float]]) -> dict[str, Any]:
+    """`speed_probe` results before and after a model's profile, then before and after its
+    steps: each part's mean around the two phases and their ratio (> 1: the machine was slower
+    while the steps were measured)."""
+    out: dict[str, Any] = {"probes": probes}
+    for part in ("compute_s", "memory_s"):
+        profile = statistics.fmean(p[part] for p in probes[:2])
+        steps = statistics.fmean(p[part] for p in probes[2:])
+        out[part.removesuffix("_s")] = {"profile_s": profile, "steps_s": steps, "steps_over_profile": steps / profile}
+    return out
 
 
 def _off_part(sim: dict[str, float], meas: dict[str, float]) -> str:
@@ -378,11 +405,9 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
             log(f"  trained {len(jobs)} strategies x {cfg['warmup'] + cfg['steps']} steps in "
                 f"{time.perf_counter() - t0:.0f} s")
             probes.append(speed_probe())
-            profile_s, steps_s = statistics.fmean(probes[:2]), statistics.fmean(probes[2:])
-            speed[graph.name] = {"probes_s": probes, "profile_s": profile_s, "steps_s": steps_s,
-                                 "steps_over_profile": steps_s / profile_s}
-            log(f"  machine speed probe: {profile_s * 1e3:.1f} ms around the profile, {steps_s * 1e3:.1f} ms "
-                f"around the steps ({steps_s / profile_s:.2f}x)")
+            speed[graph.name] = drift = _drift(probes)
+            log("  machine speed probe, the steps against the profile (> 1: slower): "
+                + ", ".join(f"{k} {drift[k]['steps_over_profile']:.2f}x" for k in ("compute", "memory")))
             measured = {n: _measured_row([r[k] for r in per_rank]) for k, n in enumerate(unique)}
             for name in chosen:
                 med, cv, mparts = measured[same[name]]
@@ -403,8 +428,9 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
            "calibration": summary(calibration),
            "warmup_steps": cfg["warmup"], "measured_steps": cfg["steps"], "search_budget_s": cfg["search_budget_s"],
            "models": [{"model": m, "options": o} for m, o in models], "rows": rows, **totals(rows),
-           "machine_speed": {"probe": "median seconds of a fixed one-thread workload (`speed_probe`), before "
-                                      "and after each model's profile and its steps; reported, never applied",
+           "machine_speed": {"probe": "median seconds of a fixed one-thread compute-bound and memory-bound "
+                                      "workload (`speed_probe`), before and after each model's profile and its "
+                                      "steps; reported, never applied",
                              "per_model": speed},
            "wall_seconds": time.perf_counter() - t_all}
     return doc
@@ -436,7 +462,8 @@ def print_table(doc: dict[str, Any]) -> None:
     speed = doc.get("machine_speed", {}).get("per_model")
     if speed:
         console.print("machine speed during the steps against the profile (probe time, > 1: slower): "
-                      + ", ".join(f"{m} {v['steps_over_profile']:.2f}x" for m, v in speed.items()))
+                      + ", ".join(f"{m} compute {v['compute']['steps_over_profile']:.2f}x, memory "
+                                  f"{v['memory']['steps_over_profile']:.2f}x" for m, v in speed.items()))
     res = doc.get("residual")
     if res:
         h = res["held_out"]

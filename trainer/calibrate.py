@@ -293,8 +293,7 @@ def _comm_rank(rank: int, world: int, cfg: Settings, kind: str = "cpu") -> dict 
     device = rank_device(kind, rank)   # the CPU, or CUDA device `rank` made current
     a = torch.randn(128, 128)   # the sender's host work (CPU), whatever the device
     groups = {r: dist.new_group(list(range(r))) for r in range(2, world + 1)}   # same order on every rank
-    if dist.get_backend() == "gloo":
-        track_gloo_loops()          # as the trainer's groups (`ProcessGroups.create`)
+    track_gloo_loops()              # as the trainer's groups (`ProcessGroups.create`)
     dist.barrier()
     # Point to point, rank 0 -> rank 1; the others only join the barriers.
     p2p: dict[int, list[float]] = {}

@@ -44,8 +44,7 @@ class ProcessGroups:
             if ranks[-1] >= world:
                 raise ValueError(f"device set {ranks} needs {ranks[-1] + 1} ranks; the job has {world}")
             self._groups[(purpose, ranks)] = dist.new_group(list(ranks))
-            if dist.get_backend() == "gloo":
-                track_gloo_loops()        # each new group has its own network thread
+            track_gloo_loops()            # each new gloo group has its own network thread
 
     def get(self, purpose: str, ranks: tuple[int, ...]):
         try:

@@ -108,8 +108,7 @@ def init_rank(rank: int, world: int, addr: str, port: int, backend: str, timeout
         bind_to_own_cores(rank, world)
     dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=rank, world_size=world,
                             timeout=_dt.timedelta(seconds=timeout))
-    if backend == "gloo":
-        track_gloo_loops()
+    track_gloo_loops()
 
 
 #: The name gloo gives the thread of a TCP device's event loop (``gloo/transport/tcp/loop.cc``).
@@ -122,12 +121,14 @@ def track_gloo_loops() -> int:
     """Find this process's gloo network threads, for `own_gloo_call`; returns how many.
 
     Every group has its own device and event loop, so `init_rank`, `ProcessGroups.create` and the
-    calibration call this again after they make groups.  Linux only (thread names from
-    ``/proc``); elsewhere it finds none and `own_gloo_call` changes nothing.
+    calibration call this again after they make groups.  Only where the default process group is
+    gloo's, and on Linux (thread names from ``/proc``); elsewhere it finds none and
+    `own_gloo_call` changes nothing.
     """
     tasks = Path("/proc/self/task")
     found = []
-    if hasattr(os, "sched_setscheduler") and tasks.is_dir():
+    gloo = dist.is_available() and dist.is_initialized() and dist.get_backend() == "gloo"
+    if gloo and hasattr(os, "sched_setscheduler") and tasks.is_dir():
         for task in tasks.iterdir():
             try:
                 if (task / "comm").read_text().strip() == GLOO_LOOP_THREAD:
@@ -182,8 +183,7 @@ def init_from_env(backend: str, timeout: float) -> tuple[int, int, int]:
         bind_to_own_cores(local, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world,
                             timeout=_dt.timedelta(seconds=timeout))
-    if backend == "gloo":
-        track_gloo_loops()
+    track_gloo_loops()
     return rank, world, local
 
 

@@ -82,8 +82,18 @@ def test_a_small_accuracy_run_reports_every_row_and_the_totals():
     assert {"median_abs_error", "p90_abs_error", "max_abs_error", "mean_error", "kendall_tau",
             "searched_vs_best_measured"} <= set(doc)
     speed = doc["machine_speed"]["per_model"]["lenet"]   # the probe around the profile and the steps
-    assert len(speed["probes_s"]) == 4 and all(p > 0 for p in speed["probes_s"])
-    assert speed["steps_over_profile"] == pytest.approx(speed["steps_s"] / speed["profile_s"])
+    assert len(speed["probes"]) == 4 and all(p["compute_s"] > 0 and p["memory_s"] > 0 for p in speed["probes"])
+    for part in ("compute", "memory"):
+        assert speed[part]["steps_over_profile"] == pytest.approx(speed[part]["steps_s"] / speed[part]["profile_s"])
+
+
+def test_the_drift_is_each_parts_mean_around_the_steps_over_its_mean_around_the_profile():
+    from autopar.trainer.accuracy import _drift
+    probes = [{"compute_s": 1.0, "memory_s": 2.0}, {"compute_s": 3.0, "memory_s": 2.0},
+              {"compute_s": 3.0, "memory_s": 1.0}, {"compute_s": 5.0, "memory_s": 1.0}]
+    d = _drift(probes)
+    assert d["compute"] == {"profile_s": 2.0, "steps_s": 4.0, "steps_over_profile": 2.0}
+    assert d["memory"]["steps_over_profile"] == 0.5 and d["probes"] == probes
 
 
 def test_the_speed_probe_times_one_thread_and_gives_the_threads_back():
@@ -91,7 +101,8 @@ def test_the_speed_probe_times_one_thread_and_gives_the_threads_back():
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        assert speed_probe(repeats=3) > 0
+        probe = speed_probe(repeats=3)
+        assert set(probe) == {"compute_s", "memory_s"} and all(v > 0 for v in probe.values())
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
