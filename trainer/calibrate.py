@@ -30,7 +30,9 @@ is: run it when nothing else competes for the cores.  `calibrate(world)` measure
    how long the bytes hold the link; the simulator queues only that part of a message on it.
 2. **All-reduce** (`RuntimeCalibration.allreduce`): for every group size r in 2..world (the
    ranks 0..r-1; every rank creates every group, in the same order, before the first
-   measurement), the same sizes, ``dist.all_reduce`` of a float32 tensor.  Each member times its
+   measurement), the same sizes, ``dist.all_reduce`` of a float32 tensor, with gloo's network
+   threads yielding to the call as they do while the trainer waits for its buckets
+   (`trainer.launch.own_gloo_call`, `trainer.sync.GradSync.finish`).  Each member times its
    own call after a world barrier; a repetition lasts as long as its slowest member, and the curve
    is fitted to the mean of those maxima.
 3. **Per-op overheads** (``fwd_task_s``, ``bwd_task_s``) as intercepts of the real runtime: small
@@ -180,7 +182,7 @@ from torch import nn
 from autopar.planner.cost import STAGING_PARTS, Curve, RuntimeCalibration, default_calibration
 
 from .errors import TrainerConfigError
-from .launch import check_gpus, rank_device, run_local, track_gloo_loops
+from .launch import check_gpus, own_gloo_call, rank_device, run_local, track_gloo_loops
 
 BACKEND = "gloo"
 #: The backend of a calibration on CUDA devices (`calibrate(..., device="cuda")`).
@@ -325,7 +327,8 @@ def _comm_rank(rank: int, world: int, cfg: Settings, kind: str = "cpu") -> dict 
                 dist.barrier()
                 if rank < r:
                     t0 = time.perf_counter()
-                    dist.all_reduce(t, group=group)
+                    with own_gloo_call():    # as the trainer waits for its buckets (`GradSync.finish`)
+                        dist.all_reduce(t, group=group)
                     _sync(device)
                     dt = time.perf_counter() - t0
                 else:

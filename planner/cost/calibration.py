@@ -152,7 +152,8 @@ class Curve:
 #: 4: the chains' ops evict the caches as the profiler does since its method 4, other ops' code
 #: too (`planner.cost.profiler._Interloper`).  5: gloo ranks bound to their own cores, and gloo's
 #: network threads kept from preempting a rank inside its own gloo calls (`trainer.launch`).
-CALIBRATION_METHOD = 5
+#: 6: all-reduces timed with gloo's network threads yielding, as the trainer now waits for them.
+CALIBRATION_METHOD = 6
 
 
 @dataclass(frozen=True)
