@@ -38,9 +38,10 @@ over the pairs of one model's strategies whose measured times differ by more tha
 CV, and ``searched_vs_best_measured``: the searched plan's measured time over the best measured
 time of its model.  Apart from them, ``residual``: the one factor (measured over
 simulated) fitted on the first two models' rows, and the errors it would leave on the other
-two's -- reported, never applied.  And ``machine_speed``: a fixed workload timed before and after
-each model's profile and its steps, compute-bound and memory-bound (`speed_probe`), so that a row's error can be read against how
-much the machine's own speed moved between the two -- reported, never applied.
+two's -- reported, never applied.  And ``machine_speed``: a fixed workload, compute-bound and
+memory-bound (`speed_probe`), timed before and after each model's profile and its steps, so that
+a row's error can be read against how much the machine's own speed moved between the two --
+reported, never applied.
 """
 
 from __future__ import annotations
