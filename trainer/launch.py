@@ -155,17 +155,17 @@ class own_gloo_call:
     or a posted receive (holding that lock), it took the core from the lock's holder and spun until
     the next scheduler tick gave the core back: 2-6 ms with both ranks waiting, in 13-16 % of the
     exchanges after 0.35 ms of compute and 58-74 % after 1.8 ms (docs/simulation.md, "Tenth
-    round").  For
-    the length of the call the loops are ``SCHED_BATCH`` (a woken one does not preempt the running
-    thread); after it they are ordinary threads again, which pass a message on as soon as it
-    arrives.  (In ``SCHED_BATCH`` for good, a rank that computed on after sending held its message
+    round").  For the length of the call the loops are ``SCHED_BATCH`` (a woken one does not
+    preempt the running thread); after it they are ordinary threads again, which pass a message on
+    as soon as it arrives.  Where `track_gloo_loops` found none (no /proc, no such policy, not
+    gloo) it changes nothing.  (In ``SCHED_BATCH`` for good, a rank that computed on after sending held its message
     until it next waited.)  With the ranks on their own cores (`bind_to_own_cores`) an exchange of
     16 KiB each way after 0.35 ms of compute took 0.10 ms on average instead of 0.71, and of 1 MiB
     0.58 ms instead of 1.34.
     """
 
     def __enter__(self) -> "own_gloo_call":
-        if _loops:                          # none where there is no /proc or no such policy
+        if _loops:                          # else os.SCHED_BATCH may not even exist (not Linux)
             _set_loops(os.SCHED_BATCH)
         return self
 

@@ -65,6 +65,7 @@ runs the two on two streams (`planner.sim.trainer_model.op_plan`).  Run on an NV
 
 from __future__ import annotations
 
+import os
 import queue
 import statistics
 import threading
@@ -208,7 +209,6 @@ def bind_to_own_cores(index: int, count: int) -> tuple[int, ...]:
     put a rank's woken network thread behind the other rank's compute on its core while the other
     core idled, and the message waited for the next tick (docs/simulation.md, "Tenth round").
     """
-    import os
     try:
         cpus = sorted(os.sched_getaffinity(0))
     except (AttributeError, OSError):
