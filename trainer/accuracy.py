@@ -41,7 +41,12 @@ simulated) fitted on the first two models' rows, and the errors it would leave o
 two's -- reported, never applied.  And ``machine_speed``: a fixed workload, compute-bound and
 memory-bound (`speed_probe`), timed before and after each model's profile and its steps, so that
 a row's error can be read against how much the machine's own speed moved between the two --
-reported, never applied.
+reported, never applied.  And ``diagnosis`` (``diagnose``, on by default): right after its steps,
+each model is profiled twice more, once as before and once with the last-level cache evicted
+before every call (`planner.cost.cache_evictor`), and every row is simulated with both.  The
+first says how far the machine's own speed moved the profile while the steps ran; the second
+bounds what the ops cost when their data comes from memory, and a row's ``compute_cache_share``
+says where its measured compute lies between the two -- reported, never applied.
 """
 
 from __future__ import annotations
@@ -86,7 +91,7 @@ TARGETS = {"median_abs_error": 0.05, "p90_abs_error": 0.10, "max_abs_error": 0.2
 
 def _settings(quick: bool) -> dict[str, Any]:
     return {"warmup": 5, "steps": 30, "search_budget_s": 10.0 if quick else 30.0, "random_plans": 2,
-            "profile_repeats": 5}
+            "profile_repeats": 5, "diagnose": True}
 
 
 # -- strategies ------------------------------------------------------------------------------------
@@ -135,15 +140,16 @@ def strategies(graph, topology, cost, module, settings: dict, log: Callable[[str
 
 # -- simulation ------------------------------------------------------------------------------------
 
-def simulate_parts(builder, strategy) -> tuple[float, dict[str, float]]:
-    """The simulated step and its parts (`planner.sim.STEP_PARTS`: compute, transfer,
+def simulate_parts(builder, strategy) -> tuple[float, dict[str, float], int]:
+    """The simulated step, its parts (`planner.sim.STEP_PARTS`: compute, transfer,
     synchronization, optimizer, overhead) on its busiest device, the one with the most compute
-    and optimizer time (`planner.sim.step_parts`)."""
+    and optimizer time (`planner.sim.step_parts`), and that device's simulated peak memory in
+    bytes."""
     from autopar.planner.sim import simulate_strategy, step_parts
     res, tl, tg = simulate_strategy(builder, strategy)
     per_dev = step_parts(builder, tg, tl)
     dev = max(per_dev, key=lambda d: per_dev[d]["compute"] + per_dev[d]["optimizer"])
-    return res.step_time, per_dev[dev]
+    return res.step_time, per_dev[dev], res.peak_memory.get(dev, 0)
 
 
 # -- measurement (runs in the ranks) -----------------------------------------------------------------
@@ -232,9 +238,14 @@ def _quantile(xs: list[float], q: float) -> float:
     return xs[lo] + (xs[min(lo + 1, len(xs) - 1)] - xs[lo]) * (pos - lo)
 
 
+def _error_stats(errs: list[float]) -> dict[str, float]:
+    absolute = [abs(e) for e in errs]
+    return {"median_abs_error": statistics.median(absolute), "p90_abs_error": _quantile(absolute, 0.9),
+            "max_abs_error": max(absolute), "mean_error": statistics.fmean(errs)}
+
+
 def totals(rows: list[dict[str, Any]]) -> dict[str, Any]:
     errs = [r["error"] for r in rows]
-    absolute = [abs(e) for e in errs]
     tau, pairs = kendall_tau(rows)
     searched = {}
     for model in dict.fromkeys(r["model"] for r in rows):
@@ -243,8 +254,7 @@ def totals(rows: list[dict[str, Any]]) -> dict[str, Any]:
         s = next((r for r in mine if r["strategy"] == "searched"), None)
         if s is not None:
             searched[model] = s["measured_s"] / best
-    out = {"median_abs_error": statistics.median(absolute), "p90_abs_error": _quantile(absolute, 0.9),
-           "max_abs_error": max(absolute), "mean_error": statistics.fmean(errs), "kendall_tau": tau,
+    out = {**_error_stats(errs), "kendall_tau": tau,
            "kendall_pairs": pairs, "searched_vs_best_measured": max(searched.values()) if searched else None,
            "searched_vs_best_measured_by_model": searched}
     got = {"median_abs_error": out["median_abs_error"], "p90_abs_error": out["p90_abs_error"],
@@ -272,10 +282,8 @@ def residual(rows: list[dict[str, Any]], fit_models: int = 2) -> dict[str, Any] 
         return None
     factor = statistics.median(r["measured_s"] / r["simulated_s"] for r in fit)
     errs = [factor * r["simulated_s"] / r["measured_s"] - 1.0 for r in held]
-    absolute = [abs(e) for e in errs]
     return {"factor": factor, "fitted_on": models[:fit_models], "scored_on": models[fit_models:],
-            "held_out": {"median_abs_error": statistics.median(absolute), "p90_abs_error": _quantile(absolute, 0.9),
-                         "max_abs_error": max(absolute), "mean_error": statistics.fmean(errs)}}
+            "held_out": _error_stats(errs)}
 
 
 #: The memory part of `speed_probe`: a buffer larger than the last-level caches of the machines
@@ -335,6 +343,70 @@ def _drift(probes: list[dict[str, float]]) -> dict[str, Any]:
         steps = statistics.fmean(p[part] for p in probes[2:])
         out[part.removesuffix("_s")] = {"profile_s": profile, "steps_s": steps, "steps_over_profile": steps / profile}
     return out
+
+
+def _diagnose(model: str, options: dict[str, Any], graph, calibration, plans: dict[str, Any], folder: Path,
+              cfg: dict[str, Any], log: Callable[[str], None]) -> dict[str, dict[str, tuple[float, dict[str, float], int]]]:
+    """Two more profiles of `model`, taken right after its steps, each into a cache of its own
+    with the same runtime calibration, and `plans` simulated with each: ``"after_steps"``
+    profiled as the first (the L2 left cold before each call), ``"llc"`` with the last-level
+    cache left cold too (`planner.cost.cache_evictor`).  tag -> plan name -> `simulate_parts`.
+
+    The first shows how far this machine's speed moved the profile in the minute the steps took
+    (on the 2-vCPU VM of 2026-11-27, rnnlm's data-parallel compute was profiled at 81.4 ms before
+    its steps and 97.3 ms after them); the second bounds what a step's ops cost when their data
+    comes from memory.  Where a row's measured compute falls between the two is its
+    ``compute_cache_share``."""
+    from autopar.planner.cost import CostModel, ProfileCache, profile_local
+    from autopar.planner.hardware import get_preset
+    from autopar.planner.sim import TaskGraphBuilder
+    topology = get_preset(f"local:{WORLD}")
+    out = {}
+    for tag, level in (("after_steps", "l2"), ("llc", "llc")):
+        cache = ProfileCache.load(folder / f"{graph.name}-{tag}.json")
+        cache.put_calibration(calibration)
+        t0 = time.perf_counter()
+        profile_local([model], workers=WORLD, options=options, cache=cache, repeats=cfg["profile_repeats"], warmup=2,
+                      cache_level=level)
+        log(f"  profiled again{' with the last-level cache evicted' if level == 'llc' else ''} "
+            f"in {time.perf_counter() - t0:.0f} s")
+        builder = TaskGraphBuilder(graph, topology, CostModel(cache).bind(graph), _OPT.name)
+        out[tag] = {name: simulate_parts(builder, s) for name, s in plans.items()}
+    return out
+
+
+def _row_diagnosis(measured_s: float, measured_parts: dict[str, float],
+                   sims: dict[str, tuple[float, dict[str, float], int]]) -> dict[str, Any]:
+    """A row's step simulated with the two diagnostic profiles (`_diagnose`), their errors, and
+    ``compute_cache_share``: where the measured compute lies between the compute simulated with
+    the L2-evicted profile (0) and with the last-level-evicted one (1), taken minutes apart on
+    the same machine; None where the two profiles differ by less than 1 % of it."""
+    (after_s, after_parts, _), (llc_s, llc_parts, _) = sims["after_steps"], sims["llc"]
+    span = llc_parts["compute"] - after_parts["compute"]
+    share = ((measured_parts["compute"] - after_parts["compute"]) / span
+             if span > 0.01 * measured_parts["compute"] else None)
+    return {"simulated_after_steps_s": after_s, "error_after_steps": after_s / measured_s - 1.0,
+            "simulated_llc_s": llc_s, "error_llc": llc_s / measured_s - 1.0, "compute_cache_share": share}
+
+
+def diagnosis_totals(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The totals of the rows' ``diagnosis`` (`_diagnose`), reported, never applied: the errors the
+    rows would have with the profile taken after the steps and with the last-level-evicted one,
+    how far the repeated profile moved each row's simulated step (``change``), and the spread of
+    the rows' ``compute_cache_share``.  None when no row has a diagnosis."""
+    rows = [r for r in rows if "diagnosis" in r]
+    if not rows:
+        return None
+    change = [abs(r["diagnosis"]["simulated_after_steps_s"] / r["simulated_s"] - 1.0) for r in rows]
+    shares = sorted(r["diagnosis"]["compute_cache_share"] for r in rows
+                    if r["diagnosis"]["compute_cache_share"] is not None)
+    return {"about": "each model profiled twice more right after its steps, the L2 left cold before each call "
+                     "as in the main profile and with the last-level cache cold too; reported, never applied",
+            "profile_after_steps": {**_error_stats([r["diagnosis"]["error_after_steps"] for r in rows]),
+                                    "median_change": statistics.median(change), "max_change": max(change)},
+            "llc_evicted": _error_stats([r["diagnosis"]["error_llc"] for r in rows]),
+            "compute_cache_share": ({"median": statistics.median(shares), "min": shares[0], "max": shares[-1]}
+                                    if shares else None)}
 
 
 def _off_part(sim: dict[str, float], meas: dict[str, float]) -> str:
@@ -406,13 +478,15 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
             log(f"  trained {len(jobs)} strategies x {cfg['warmup'] + cfg['steps']} steps in "
                 f"{time.perf_counter() - t0:.0f} s")
             probes.append(speed_probe())
+            diagnosed = (_diagnose(model, options, graph, calibration, {n: chosen[n] for n in unique},
+                                   Path(tmp), cfg, log) if cfg["diagnose"] else {})
             speed[graph.name] = drift = _drift(probes)
             log("  machine speed probe, the steps against the profile (> 1: slower): "
                 + ", ".join(f"{k} {drift[k]['steps_over_profile']:.2f}x" for k in ("compute", "memory")))
             measured = {n: _measured_row([r[k] for r in per_rank]) for k, n in enumerate(unique)}
             for name in chosen:
                 med, cv, mparts = measured[same[name]]
-                sim_s, sparts = simulated[name]
+                sim_s, sparts, peak = simulated[name]
                 row = {"model": graph.name, "strategy": name, "simulated_s": sim_s, "measured_s": med, "cv": cv,
                        "error": sim_s / med - 1.0, "simulated_parts_s": sparts, "measured_parts_s": mparts,
                        "plan": {op.name: [list(chosen[name][op.name].degrees), list(chosen[name][op.name].devices)]
@@ -420,6 +494,9 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
                 if same[name] != name:
                     row["same_plan_as"] = same[name]
                 row["off"] = _off_part(sparts, mparts)
+                row["peak_memory_bytes"] = peak
+                if diagnosed:
+                    row["diagnosis"] = _row_diagnosis(med, mparts, {tag: sims[same[name]] for tag, sims in diagnosed.items()})
                 rows.append(row)
                 log(f"  {name:15s} simulated {sim_s * 1e3:8.2f} ms  measured {med * 1e3:8.2f} ms "
                     f"(cv {100 * cv:4.1f} %)  error {100 * row['error']:+6.1f} %   {row['off']}"
@@ -429,6 +506,7 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
            "calibration": summary(calibration),
            "warmup_steps": cfg["warmup"], "measured_steps": cfg["steps"], "search_budget_s": cfg["search_budget_s"],
            "models": [{"model": m, "options": o} for m, o in models], "rows": rows, **totals(rows),
+           "diagnosis": diagnosis_totals(rows),
            "machine_speed": {"probe": "median seconds of a fixed one-thread compute-bound and memory-bound "
                                       "workload (`speed_probe`), before and after each model's profile and its "
                                       "steps; reported, never applied",
@@ -465,6 +543,16 @@ def print_table(doc: dict[str, Any]) -> None:
         console.print("machine speed during the steps against the profile (probe time, > 1: slower): "
                       + ", ".join(f"{m} compute {v['compute']['steps_over_profile']:.2f}x, memory "
                                   f"{v['memory']['steps_over_profile']:.2f}x" for m, v in speed.items()))
+    diag = doc.get("diagnosis")
+    if diag:
+        after, llc, share = diag["profile_after_steps"], diag["llc_evicted"], diag["compute_cache_share"]
+        console.print(
+            f"profiled again after the steps (not applied above): each row's simulated step moved by "
+            f"{100 * after['median_change']:.1f} % (median, max {100 * after['max_change']:.1f} %), median |error| "
+            f"{100 * after['median_abs_error']:.1f} %, mean {100 * after['mean_error']:+.1f} %; with the last-level "
+            f"cache evicted: median |error| {100 * llc['median_abs_error']:.1f} %, mean {100 * llc['mean_error']:+.1f} %"
+            + ("" if share is None else f"; measured compute at {share['median']:.2f} of the way from the "
+                                        f"first to the second (median, {share['min']:.2f} to {share['max']:.2f})"))
     res = doc.get("residual")
     if res:
         h = res["held_out"]

@@ -94,6 +94,11 @@ ROUNDS = 3
 #: The L2 size assumed when sysfs does not tell it, and the most the eviction buffer may take.
 L2_FALLBACK_BYTES = 4 << 20
 EVICT_CAP_BYTES = 64 << 20
+#: The cache levels `cache_evictor` can leave cold: the core's own L2 (what `profile_local` stores
+#: by default), or the last-level cache too (a diagnostic profile, `trainer.accuracy`).
+CACHE_LEVELS = ("l2", "llc")
+#: The most the last-level eviction buffer may take (twice the last-level cache, up to this).
+LLC_EVICT_CAP_BYTES = 128 << 20
 @dataclass(frozen=True)
 class ProfileRecord:
     key: str
@@ -290,19 +295,30 @@ class _Interloper(nn.Module):
 _interloper: _Interloper | None = None
 
 
-def cache_evictor(device: torch.device) -> Callable[[], None] | None:
+def _check_cache_level(level: str) -> None:
+    if level not in CACHE_LEVELS:
+        raise ValueError(f"cache level {level!r} is not one of {', '.join(CACHE_LEVELS)}: 'l2' leaves the core's "
+                         "own caches cold before each timed call, 'llc' the last-level cache too")
+
+
+def cache_evictor(device: torch.device, level: str = "l2") -> Callable[[], None] | None:
     """A call that leaves this core's caches as the other ops of a step leave them, on the CPU
     (None on other devices; see module doc).
 
     It runs the `_Interloper` (other ops' code), then adds to every element of a float32 buffer
     of twice the L2 size (at most `EVICT_CAP_BYTES`): a read-modify-write, so every line of the
     buffer passes through the caches (a plain fill may be done with stores that bypass them).
-    Both are made once per process.
+    With `level` ``"llc"`` the buffer is twice the last-level cache (at most
+    `LLC_EVICT_CAP_BYTES`), so that every call reads its data from memory: the other bound of
+    what a step leaves in the caches, which `trainer.accuracy` profiles too (its
+    ``cache_share``).  Both are made once per process.
     """
     global _evict_buffer, _interloper
+    _check_cache_level(level)
     if device.type != "cpu":
         return None
-    numel = min(EVICT_CAP_BYTES, 2 * l2_cache_bytes()) // 4
+    numel = (min(EVICT_CAP_BYTES, 2 * l2_cache_bytes()) if level == "l2"
+             else min(LLC_EVICT_CAP_BYTES, 2 * last_level_cache_bytes())) // 4
     if _evict_buffer is None or _evict_buffer.numel() != numel:
         _evict_buffer = torch.zeros(numel, dtype=torch.float32)
     if _interloper is None:
@@ -518,7 +534,7 @@ def _outputs(result: Any) -> list[torch.Tensor]:
 def measure_task(graph: OperatorGraph, op: Op, degrees: tuple[int, ...], device: torch.device, *,
                  repeats: int = 10, warmup: int = 3, forward_task: ForwardTask | None = None,
                  module: nn.Module | None = None, budget: float | None = None, seed: int = 0,
-                 overhead: tuple[float, float] = (0.0, 0.0), cold: bool = True,
+                 overhead: tuple[float, float] = (0.0, 0.0), cold: bool = True, cache_level: str = "l2",
                  sync: Callable[[], None] | None = None, host: list | None = None) -> tuple[float, float]:
     """Mean forward and backward seconds of the representative task of `op` split by `degrees`
     (`_timed_seconds`).
@@ -527,7 +543,7 @@ def measure_task(graph: OperatorGraph, op: Op, degrees: tuple[int, ...], device:
     a submodule.  `overhead` is `engine_overhead(device)`: its fixed part is taken off the
     backward time.  The backward pass accumulates into the parameters' preset ``.grad`` and
     allocates the inputs' gradients afresh (see module doc).  `cold` evicts the CPU caches before
-    every call (`cache_evictor`; nothing on other devices).  `sync` is called before each warm-up
+    every call (`cache_evictor` at `cache_level`; nothing on other devices).  `sync` is called before each warm-up
     and each set of timed repetitions, four times at most (two when there is no backward pass).
     On a GPU the times are the kernels' on the device, and `host` (a list) receives the host's
     forward and backward seconds issuing them (`_cuda_times`; the engine's fixed start-up, host
@@ -540,7 +556,7 @@ def measure_task(graph: OperatorGraph, op: Op, degrees: tuple[int, ...], device:
         extra["device"] = device
     gen = torch.Generator().manual_seed(seed)
     ranges, inputs, params = _task_tensors(graph, op, degrees, device, gen, module)
-    evict = cache_evictor(device) if cold else None
+    evict = cache_evictor(device, cache_level) if cold else None
     kept = _Retained() if cold else None
 
     def fwd():
@@ -644,7 +660,8 @@ def profile_ops(graph: OperatorGraph, degree_choices: Iterable[tuple[str, Sequen
                 device: torch.device, cache: ProfileCache, *, repeats: int = 10, warmup: int = 3,
                 device_kind: str | None = None, forward_task: ForwardTask | None = None,
                 module: nn.Module | None = None, budget: float | None = 2.0, max_tasks: int | None = None,
-                progress: Callable[[int, int, str], None] | None = None, rounds: int = 1) -> ProfileReport:
+                progress: Callable[[int, int, str], None] | None = None, rounds: int = 1,
+                cache_level: str = "l2") -> ProfileReport:
     """Measure every distinct task key of `degree_choices` the cache lacks; store their times.
 
     `degree_choices` lists (op name, degrees) pairs; None means every op unpartitioned.  Ops
@@ -653,10 +670,12 @@ def profile_ops(graph: OperatorGraph, degree_choices: Iterable[tuple[str, Sequen
     caps the seconds spent timing one direction of one task (slow tasks get fewer repeats);
     `max_tasks` caps how many new keys are measured (the rest are counted in ``remaining``).
     `rounds` measures every task that many times, one pass over all of them after another, and
-    keeps the median of the passes (`ROUNDS`).  Everything runs in the calling process
-    (`profile_local` measures in concurrent workers).
+    keeps the median of the passes (`ROUNDS`).  `cache_level` is the caches left cold before each
+    call (`cache_evictor`).  Everything runs in the calling process (`profile_local` measures in
+    concurrent workers).
     """
     _check_counts(repeats, warmup, rounds)
+    _check_cache_level(cache_level)
     kind = device_kind or device_kind_of(device)
     report = ProfileReport(kind)
     t0 = time.perf_counter()
@@ -675,7 +694,7 @@ def profile_ops(graph: OperatorGraph, degree_choices: Iterable[tuple[str, Sequen
                 host: list[float] = []
                 f, b = measure_task(graph, op, degrees, device, repeats=repeats, warmup=warmup,
                                     forward_task=forward_task, module=module, budget=budget,
-                                    overhead=overhead, host=host)
+                                    overhead=overhead, cache_level=cache_level, host=host)
                 passes[n].append((f, b, *host) if len(host) == 2 else (f, b))
             except Exception as e:  # an op the kernels cannot run yet; keep going, report it
                 failed[n] = f"{type(e).__name__}: {e}"
@@ -716,7 +735,7 @@ _POLL_SECONDS = 0.5
 
 def _profile_worker(rank: int, model: str, options: dict[str, object], kind: str,
                     items: list[tuple[str, str, tuple[int, ...]]], repeats: int, warmup: int,
-                    budget: float | None, barrier: Any, results: Any) -> None:
+                    budget: float | None, barrier: Any, results: Any, cache_level: str = "l2") -> None:
     """One worker process of a concurrent `profile_local`: import `model` itself and measure
     `items` (key, op name, degrees) in lockstep with the other workers, one thread, on the CPU.
 
@@ -751,7 +770,7 @@ def _profile_worker(rank: int, model: str, options: dict[str, object], kind: str
                 if task_key(op, degrees, kind, graph_input_shapes(graph, op)) != key:
                     raise CostModelError(f"the worker's import of {model} gives {name} another task key")
                 fwd, bwd = measure_task(graph, op, degrees, cpu, repeats=repeats, warmup=warmup, module=module,
-                                        budget=budget, overhead=overhead, sync=sync)
+                                        budget=budget, overhead=overhead, cache_level=cache_level, sync=sync)
                 msg = ("task", n, rank, fwd, bwd, None)
             except threading.BrokenBarrierError:
                 raise
@@ -770,7 +789,8 @@ def _profile_worker(rank: int, model: str, options: dict[str, object], kind: str
 def _profile_concurrent(model: str, options: Mapping[str, object], graph: OperatorGraph,
                         choices: list[tuple[str, tuple[int, ...]]], cache: ProfileCache, kind: str, workers: int, *,
                         repeats: int, warmup: int, budget: float | None, max_tasks: int | None,
-                        progress: Callable[[int, int, str], None] | None, rounds: int = 1) -> ProfileReport:
+                        progress: Callable[[int, int, str], None] | None, rounds: int = 1,
+                        cache_level: str = "l2") -> ProfileReport:
     """`profile_ops` for `profile_local` on the CPU, measured by `workers` processes at once (module doc).
 
     The parent finds the new keys on its own import of the model, starts the workers from a fork
@@ -795,7 +815,8 @@ def _profile_concurrent(model: str, options: Mapping[str, object], graph: Operat
     results = ctx.Queue()
     items = [(key, op.name, degrees) for key, op, degrees in work] * rounds   # `rounds` passes, one after another
     procs = [ctx.Process(target=_profile_worker, name=f"autopar-profile{r}", daemon=True,
-                         args=(r, model, dict(options), kind, items, repeats, warmup, budget, barrier, results))
+                         args=(r, model, dict(options), kind, items, repeats, warmup, budget, barrier, results,
+                               cache_level))
              for r in range(workers)]
     inbox: dict[tuple[str, int], list[tuple]] = {}
 
@@ -858,7 +879,7 @@ def profile_local(models: Sequence[str], *, workers: int = 2, options: Mapping[s
                   cache: ProfileCache | None = None, repeats: int = 10, warmup: int = 3, budget: float | None = 2.0,
                   max_tasks: int | None = None, device: torch.device | None = None,
                   progress: Callable[[str, int, int, str], None] | None = None,
-                  concurrent: bool | None = None, rounds: int = ROUNDS) -> ProfileReport:
+                  concurrent: bool | None = None, rounds: int = ROUNDS, cache_level: str = "l2") -> ProfileReport:
     """`autopar profile`: measure what a plan for the ``local:<workers>`` preset can use.
 
     For every model (a zoo name or ``package.module:factory``, built with `options` — use the
@@ -876,7 +897,9 @@ def profile_local(models: Sequence[str], *, workers: int = 2, options: Mapping[s
     interrupted run keeps what it measured.  `max_tasks` caps the new keys measured over all
     models.  `progress(model, i, n, op)` is called per task and pass, in this process.  Every task
     is measured in `rounds` passes over all of them, and the median of the passes is kept
-    (`ROUNDS`).
+    (`ROUNDS`).  `cache_level` is the caches left cold before each timed call (`cache_evictor`):
+    the default ``"l2"`` is what the cost model is built on; ``"llc"`` is for diagnosis and
+    belongs in a cache of its own.
     """
     from ..hardware.presets import get_preset
     from ..ir.fx_import import import_spec
@@ -884,6 +907,7 @@ def profile_local(models: Sequence[str], *, workers: int = 2, options: Mapping[s
     from ..zoo import load_model
 
     _check_counts(repeats, warmup, rounds)
+    _check_cache_level(cache_level)
     device = device if device is not None else torch.device("cpu")
     if concurrent is None:
         concurrent = device.type == "cpu" and workers > 1
@@ -907,11 +931,11 @@ def profile_local(models: Sequence[str], *, workers: int = 2, options: Mapping[s
             if concurrent:
                 report = _profile_concurrent(name, options or {}, graph, choices, cache, kind, workers,
                                              repeats=repeats, warmup=warmup, budget=budget, max_tasks=left,
-                                             progress=step, rounds=rounds)
+                                             progress=step, rounds=rounds, cache_level=cache_level)
             else:
                 report = profile_ops(graph, choices, device, cache, repeats=repeats, warmup=warmup, device_kind=kind,
                                      module=spec.module.to(device), budget=budget, max_tasks=left, progress=step,
-                                     rounds=rounds)
+                                     rounds=rounds, cache_level=cache_level)
             total = total.merge(report)
             cache.save()
     finally:

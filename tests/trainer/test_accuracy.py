@@ -81,10 +81,49 @@ def test_a_small_accuracy_run_reports_every_row_and_the_totals():
             seen[key] = r
     assert {"median_abs_error", "p90_abs_error", "max_abs_error", "mean_error", "kendall_tau",
             "searched_vs_best_measured"} <= set(doc)
+    for r in doc["rows"]:   # profiled again after the steps, both ways, and simulated with each
+        d = r["diagnosis"]
+        assert r["peak_memory_bytes"] > 0
+        assert d["simulated_after_steps_s"] > 0 and d["simulated_llc_s"] > 0
+        assert d["error_llc"] == pytest.approx(d["simulated_llc_s"] / r["measured_s"] - 1)
+    diag = doc["diagnosis"]
+    assert diag["llc_evicted"]["max_abs_error"] >= diag["llc_evicted"]["median_abs_error"] >= 0
+    assert diag["profile_after_steps"]["max_change"] >= diag["profile_after_steps"]["median_change"] >= 0
     speed = doc["machine_speed"]["per_model"]["lenet"]   # the probe around the profile and the steps
     assert len(speed["probes"]) == 4 and all(p["compute_s"] > 0 and p["memory_s"] > 0 for p in speed["probes"])
     for part in ("compute", "memory"):
         assert speed[part]["steps_over_profile"] == pytest.approx(speed[part]["steps_s"] / speed[part]["profile_s"])
+
+
+def _parts(compute):
+    return {"compute": compute, "transfer": 0.0, "synchronization": 0.0, "optimizer": 0.0, "overhead": 0.0}
+
+
+def test_a_rows_diagnosis_places_its_measured_compute_between_the_two_profiles():
+    from autopar.trainer.accuracy import _row_diagnosis
+    sims = {"after_steps": (0.09, _parts(0.06), 1), "llc": (0.12, _parts(0.10), 1)}
+    d = _row_diagnosis(0.1, _parts(0.07), sims)
+    assert d["compute_cache_share"] == pytest.approx(0.25)          # 0.07 is a quarter of the way
+    assert d["error_after_steps"] == pytest.approx(-0.1) and d["error_llc"] == pytest.approx(0.2)
+    flat = {"after_steps": (0.09, _parts(0.06), 1), "llc": (0.09, _parts(0.0604), 1)}
+    assert _row_diagnosis(0.1, _parts(0.07), flat)["compute_cache_share"] is None   # < 1 % apart: no share
+
+
+def test_the_diagnosis_totals_are_the_rows_errors_under_each_profile():
+    from autopar.trainer.accuracy import diagnosis_totals
+    rows = []
+    for sim, after, llc, share in ((1.0, 1.1, 1.3, 0.5), (2.0, 2.0, 2.2, None), (3.0, 2.7, 3.6, 1.5)):
+        r = _row("a", f"s{sim}", sim, 2.0)
+        r["diagnosis"] = {"simulated_after_steps_s": after, "error_after_steps": after / 2.0 - 1,
+                          "simulated_llc_s": llc, "error_llc": llc / 2.0 - 1, "compute_cache_share": share}
+        rows.append(r)
+    d = diagnosis_totals(rows + [_row("b", "x", 1.0, 1.0)])       # a row without one is left out
+    assert d["profile_after_steps"]["median_change"] == pytest.approx(0.1)
+    assert d["profile_after_steps"]["max_change"] == pytest.approx(0.1)
+    assert d["llc_evicted"]["median_abs_error"] == pytest.approx(0.35)
+    assert d["llc_evicted"]["mean_error"] == pytest.approx((-0.35 + 0.1 + 0.8) / 3)
+    assert d["compute_cache_share"] == {"median": 1.0, "min": 0.5, "max": 1.5}
+    assert diagnosis_totals([_row("a", "x", 1.0, 1.0)]) is None
 
 
 def test_the_drift_is_each_parts_mean_around_the_steps_over_its_mean_around_the_profile():

@@ -8,7 +8,8 @@ import torch.nn.functional as F
 
 from autopar.planner.cost.model import CostModel, graph_input_shapes
 from autopar.planner.cost.profile_cache import ProfileCache, task_key
-from autopar.planner.cost.profiler import (EVICT_CAP_BYTES, L2_FALLBACK_BYTES, ROUNDS, cache_evictor,
+from autopar.planner.cost.profiler import (EVICT_CAP_BYTES, L2_FALLBACK_BYTES, LLC_EVICT_CAP_BYTES, ROUNDS,
+                                           cache_evictor, last_level_cache_bytes,
                                            device_kind_of, engine_overhead, l2_cache_bytes, measure_task,
                                            profile_local, profile_ops)
 from autopar.planner.errors import CostModelError
@@ -260,6 +261,44 @@ def test_caches_are_evicted_on_the_cpu_only():
     assert profiler._evict_buffer.numel() * 4 == min(EVICT_CAP_BYTES, 2 * l2_cache_bytes())
     assert torch.equal(profiler._evict_buffer, before + 1)  # every element written
     assert cache_evictor(torch.device("meta")) is None
+
+
+def test_the_last_level_evictor_writes_twice_the_last_level_cache():
+    """``"llc"`` (the accuracy benchmark's diagnostic profile) passes over twice the last-level
+    cache, capped, so that every call reads its data from memory; the default stays the L2's."""
+    import autopar.planner.cost.profiler as profiler
+    try:
+        evict = cache_evictor(CPU, "llc")
+        before = profiler._evict_buffer.clone()
+        evict()
+        assert profiler._evict_buffer.numel() * 4 == min(LLC_EVICT_CAP_BYTES, 2 * last_level_cache_bytes())
+        assert torch.equal(profiler._evict_buffer, before + 1)
+    finally:
+        cache_evictor(CPU)
+    assert profiler._evict_buffer.numel() * 4 == min(EVICT_CAP_BYTES, 2 * l2_cache_bytes())
+
+
+def test_an_unknown_cache_level_is_refused_before_anything_is_measured(tmp_path):
+    cache = ProfileCache.load(tmp_path / "p.json")
+    for call in (lambda: cache_evictor(CPU, "l3"),
+                 lambda: profile_local(["lenet"], workers=2, options={"batch": 2}, cache=cache, cache_level="l3")):
+        with pytest.raises(ValueError, match="'l3' is not one of l2, llc"):
+            call()
+    assert len(cache) == 0
+
+
+def test_every_call_of_a_profile_evicts_the_cache_level_asked_for(tmp_path, monkeypatch):
+    import autopar.planner.cost.profiler as profiler
+    levels = []
+    real = profiler.cache_evictor
+
+    def spy(device, level="l2"):
+        levels.append(level)
+        return real(device, "l2")         # measured as usual: only the level asked for is checked
+    monkeypatch.setattr(profiler, "cache_evictor", spy)
+    profile_local(["lenet"], workers=2, options={"batch": 2}, cache=ProfileCache.load(tmp_path / "p.json"),
+                  repeats=1, warmup=0, rounds=1, concurrent=False, cache_level="llc")
+    assert levels and set(levels) == {"llc"}
 
 
 def test_the_evictor_runs_other_ops_code_first_and_leaves_the_random_state_alone():
