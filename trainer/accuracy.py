@@ -392,8 +392,9 @@ def _row_diagnosis(measured_s: float, measured_parts: dict[str, float],
 def diagnosis_totals(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The totals of the rows' ``diagnosis`` (`_diagnose`), reported, never applied: the errors the
     rows would have with the profile taken after the steps and with the last-level-evicted one,
-    how far the repeated profile moved each row's simulated step (``change``), and the spread of
-    the rows' ``compute_cache_share``.  None when no row has a diagnosis."""
+    how far the repeated profile moved each row's simulated step (``change``), the spread of
+    the rows' ``compute_cache_share``, and one share fitted on some models and scored on the
+    others (`cache_share_held_out`).  None when no row has a diagnosis."""
     rows = [r for r in rows if "diagnosis" in r]
     if not rows:
         return None
@@ -406,7 +407,33 @@ def diagnosis_totals(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
                                     "median_change": statistics.median(change), "max_change": max(change)},
             "llc_evicted": _error_stats([r["diagnosis"]["error_llc"] for r in rows]),
             "compute_cache_share": ({"median": statistics.median(shares), "min": shares[0], "max": shares[-1]}
-                                    if shares else None)}
+                                    if shares else None),
+            "cache_share_held_out": cache_share_held_out(rows)}
+
+
+def cache_share_held_out(rows: list[dict[str, Any]], fit_models: int = 2) -> dict[str, Any] | None:
+    """One cache share for the whole machine, as `residual` fits its factor, reported and never
+    applied: the median over the first `fit_models` models' rows of where the measured step lies
+    between the step simulated with the L2-evicted profile taken after the steps (0) and with the
+    last-level-evicted one (1), and the errors the other models' rows would have with their step
+    simulated at that share of the way.  A share that holds across models (small held-out errors)
+    would be a property of the machine that a calibration could measure; a share outside 0-1
+    means neither profile bounds the steps.  The step is interpolated, not each task, so it is an
+    approximation where the two profiles move different tasks onto the critical path."""
+    rows = [r for r in rows if "diagnosis" in r]
+    models = list(dict.fromkeys(r["model"] for r in rows))
+
+    def ends(r: dict[str, Any]) -> tuple[float, float]:
+        return r["diagnosis"]["simulated_after_steps_s"], r["diagnosis"]["simulated_llc_s"]
+    fit = [(r["measured_s"] - lo) / (hi - lo) for r in rows if r["model"] in models[:fit_models]
+           for lo, hi in [ends(r)] if hi - lo > 0.01 * r["measured_s"]]
+    held = [r for r in rows if r["model"] in models[fit_models:]]
+    if not fit or not held:
+        return None
+    share = statistics.median(fit)
+    errs = [(lo + share * (hi - lo)) / r["measured_s"] - 1.0 for r in held for lo, hi in [ends(r)]]
+    return {"share": share, "fitted_on": models[:fit_models], "scored_on": models[fit_models:],
+            "held_out": _error_stats(errs)}
 
 
 def _off_part(sim: dict[str, float], meas: dict[str, float]) -> str:
@@ -553,6 +580,14 @@ def print_table(doc: dict[str, Any]) -> None:
             f"cache evicted: median |error| {100 * llc['median_abs_error']:.1f} %, mean {100 * llc['mean_error']:+.1f} %"
             + ("" if share is None else f"; measured compute at {share['median']:.2f} of the way from the "
                                         f"first to the second (median, {share['min']:.2f} to {share['max']:.2f})"))
+        held = diag.get("cache_share_held_out")
+        if held:
+            h = held["held_out"]
+            console.print(
+                f"one cache share for the machine, {held['share']:.2f} of the way (fitted on "
+                f"{', '.join(held['fitted_on'])}; not applied above): on {', '.join(held['scored_on'])} it would leave "
+                f"median |error| {100 * h['median_abs_error']:.1f} %, max {100 * h['max_abs_error']:.1f} %, "
+                f"mean {100 * h['mean_error']:+.1f} %")
     res = doc.get("residual")
     if res:
         h = res["held_out"]

@@ -126,6 +126,28 @@ def test_the_diagnosis_totals_are_the_rows_errors_under_each_profile():
     assert diagnosis_totals([_row("a", "x", 1.0, 1.0)]) is None
 
 
+def _diagnosed(model, strategy, measured, after, llc):
+    r = _row(model, strategy, after, measured)
+    r["diagnosis"] = {"simulated_after_steps_s": after, "error_after_steps": after / measured - 1,
+                      "simulated_llc_s": llc, "error_llc": llc / measured - 1, "compute_cache_share": None}
+    return r
+
+
+def test_one_cache_share_is_fitted_on_the_first_models_and_scored_on_the_others():
+    from autopar.trainer.accuracy import cache_share_held_out
+    rows = [_diagnosed("a", "x", 1.5, 1.0, 2.0), _diagnosed("a", "y", 2.0, 1.0, 2.0),      # shares 0.5, 1.0
+            _diagnosed("a", "flat", 1.0, 1.0, 1.001),                                      # < 1 %: not fitted
+            _diagnosed("b", "x", 1.25, 1.0, 1.5),                                          # share 0.5
+            _diagnosed("c", "x", 2.0, 1.0, 3.0), _diagnosed("c", "y", 1.0, 1.0, 1.0)]
+    got = cache_share_held_out(rows)
+    assert got["share"] == pytest.approx(0.5) and got["fitted_on"] == ["a", "b"] and got["scored_on"] == ["c"]
+    # c/x: 1 + 0.5 * 2 = 2.0 against 2.0; c/y: 1.0 against 1.0
+    assert got["held_out"]["max_abs_error"] == pytest.approx(0.0, abs=1e-12)
+    rows[-2] = _diagnosed("c", "x", 1.6, 1.0, 3.0)                                      # 2.0 against 1.6
+    assert cache_share_held_out(rows)["held_out"]["max_abs_error"] == pytest.approx(0.25)
+    assert cache_share_held_out([r for r in rows if r["model"] == "a"]) is None          # nothing held out
+
+
 def test_the_drift_is_each_parts_mean_around_the_steps_over_its_mean_around_the_profile():
     from autopar.trainer.accuracy import _drift
     probes = [{"compute_s": 1.0, "memory_s": 2.0}, {"compute_s": 3.0, "memory_s": 2.0},
