@@ -103,6 +103,11 @@ is: run it when nothing else competes for the cores.  `calibrate(world)` measure
    bucket's all-reduce on a rank's own thread (`trainer.sync.GradSync._issue`): ``issue``, the
    mean per bucket size (`issue_curve`).  A gloo all-reduce started asynchronously still costs
    its caller 0.5-0.7 ms per bucket in the zoo's data-parallel steps.
+   With it, on the same ranks at once, **the batch** (``draw``): every rank draws a step's
+   whole synthetic global batch before its first op (`trainer.data.SyntheticData`), so the
+   ranks time ``torch.randn`` and ``torch.randint`` of 16 Ki, 256 Ki and 1 Mi elements on their
+   devices (`_draw_samples`), and the medians are fitted as ``per_tensor + elements *
+   per_element`` (`fit_draw`).
 
 6. **Messages inside steps** (`fit_exchange_latency`): the trainer runs a model-parallel chain
    (`in_situ_job`) at batches of 2 to 2048 rows (messages of 1 KiB to 1 MiB, `IN_SITU_BATCHES`)
@@ -173,7 +178,7 @@ import os
 import statistics
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -565,9 +570,51 @@ def _optimizer_rank(rank: int, world: int, cfg: Settings, kind: str = "cpu") -> 
         bucket = gs.mine[k]
         itemsize = gs.shards[bucket.entries[0].param].tensor.element_size()
         issues.append((bucket.numel * itemsize, time.perf_counter() - t0))
+    device = rank_device(kind, rank)
     with _patched(sync_mod.GradSync, "_issue", timed_issue):
-        samples = _optimizer_in_steps(rank, world, cfg, rank_device(kind, rank))
-    return {"optimizer": samples, "issues": issues}
+        samples = _optimizer_in_steps(rank, world, cfg, device)
+    return {"optimizer": samples, "issues": issues, "draw": _draw_samples(device)}
+
+
+#: Elements of the synthetic tensors `_draw_samples` draws, and how often it draws each.
+DRAW_SIZES = (1 << 14, 1 << 18, 1 << 20)
+DRAW_REPEATS = 9
+
+
+def _draw_samples(device: torch.device) -> dict[str, list[tuple[int, float]]]:
+    """(elements, median seconds) of drawing a synthetic input tensor on `device` as
+    `planner.zoo.ModelSpec.example_inputs` draws one, per kind: ``float`` (``torch.randn``) and
+    ``int`` (``torch.randint``, token ids)."""
+    gen = torch.Generator(device=device).manual_seed(0)
+    draws = {"float": lambda n: torch.randn((n,), generator=gen, device=device),
+             "int": lambda n: torch.randint(0, 8192, (n,), generator=gen, dtype=torch.int64, device=device)}
+    out: dict[str, list[tuple[int, float]]] = {}
+    for kind, draw in draws.items():
+        out[kind] = []
+        for n in DRAW_SIZES:
+            draw(n)
+            times = []
+            for _ in range(DRAW_REPEATS):
+                _sync(device)
+                t0 = time.perf_counter()
+                draw(n)
+                _sync(device)
+                times.append(time.perf_counter() - t0)
+            out[kind].append((n, statistics.median(times)))
+    return out
+
+
+def fit_draw(per_rank: Sequence[Mapping[str, Sequence[tuple[int, float]]]]) -> tuple[tuple[str, float, float], ...]:
+    """(kind, seconds per tensor, seconds per element) per kind of `_draw_samples`: for each size
+    the median over the ranks, then least squares of ``per_tensor + elements * per_element``
+    (`fit_intercept`), the per-tensor part clamped at 0."""
+    out = []
+    for kind in sorted(per_rank[0]):
+        sizes = [n for n, _ in per_rank[0][kind]]
+        rows = [(n, statistics.median(dict(r[kind])[n] for r in per_rank)) for n in sizes]
+        per_element, per_tensor = fit_intercept(rows)
+        out.append((kind, max(0.0, per_tensor), per_element))
+    return tuple(out)
 
 
 def issue_curve(per_rank: list[list[tuple[int, float]]]) -> tuple[Curve | None, dict]:
@@ -777,6 +824,8 @@ def calibrate(world: int, *, quick: bool = False, progress: Callable[[str], None
                         for name, samples in per_rank[0]["optimizer"].items()}
     issue, issued = issue_curve([r["issues"] for r in per_rank]) if world >= 2 else (None, {})
     details["allreduce_issue"] = issued
+    draw = fit_draw([r["draw"] for r in per_rank])
+    details["draw_samples"] = [r["draw"] for r in per_rank]
     chains = res["chains"]
     # On a CPU rank the runtime's cost adds to the kernels it runs.  On a GPU the host issues
     # kernels that run behind it, and a chain of tiny ops is paced by the host alone: the runtime's
@@ -823,7 +872,7 @@ def calibrate(world: int, *, quick: bool = False, progress: Callable[[str], None
                              exchange_s=exchange_s, p2p=p2p, allreduce=tuple(allreduce),
                              optimizer=tuple(optimizer),
                              comm_uses_cores=not gpu and (os.cpu_count() or 1) < 2 * world, issue=issue,
-                             source="measured", wire=wire, details=())
+                             source="measured", wire=wire, draw=draw, details=())
 
     # 6. and 8.
     if world >= 2 and gpu:  # pragma: no cover - needs GPUs
@@ -1237,6 +1286,7 @@ def summary(cal: RuntimeCalibration) -> dict[str, Any]:
                           for name, t, b in cal.optimizer},
             "staging_1MiB_us": {name: cal.staging_time(k, 1 << 20) * us for k, name in enumerate(STAGING_PARTS)}
                                if cal.staging else None,
+            "draw_1Mi_elements_us": {name: (t + e * (1 << 20)) * us for name, t, e in cal.draw} or None,
             "not_measured": list(dict(cal.details).get("not_measured", [])),
             "date": dict(cal.details).get("date")}
 
@@ -1260,4 +1310,7 @@ def summary_line(cal: RuntimeCalibration) -> str:
             f"optimizer {opt}"
             + ("; staging of 1 MiB " + ", ".join(f"{name.replace('_', ' ')} {v:.0f} us"
                                                    for name, v in s["staging_1MiB_us"].items())
-               if s["staging_1MiB_us"] else ""))
+               if s["staging_1MiB_us"] else "")
+            + ("; drawing a batch of 1 Mi elements " + ", ".join(f"{name} {v:.0f} us"
+                                                                for name, v in s["draw_1Mi_elements_us"].items())
+               if s["draw_1Mi_elements_us"] else ""))

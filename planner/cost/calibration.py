@@ -42,6 +42,12 @@ keeps it beside the op times.  The simulator reads it when it models the trainer
   (`STAGING_PARTS`).  On this machine, per MiB, about 0.01 ms to send a forward message (a cut
   is often a view), 0.4 ms to place it, 0.17 ms to send a gradient and 0.3 ms to add it; a
   model-parallel tagger spent 4 ms of a 36 ms step there.
+* **The batch** (``draw``) — seconds a rank spends drawing one synthetic input tensor, per
+  tensor and per element, floating point and integer: before its first op every rank draws the
+  step's whole global batch (`autopar.trainer.data.SyntheticData`).  About 5 ns per element on
+  one core here: an AlexNet batch of 32 images of 3 x 63 x 63 took 2.2 ms of every step, on every
+  rank.  A GPU rank draws on its device.  Training on a dataset file (``--data``) indexes the
+  batch instead, a copy of the same elements, which the simulator still prices as a draw.
 * ``comm_uses_cores`` — whether communication's work (the backend's threads copying, reducing,
   driving sockets) runs on the cores the ranks compute on: true on CPU ranks when the machine has
   fewer than two cores per rank.  The simulator then charges a transfer to its endpoints' time.
@@ -153,7 +159,8 @@ class Curve:
 #: too (`planner.cost.profiler._Interloper`).  5: gloo ranks bound to their own cores, and gloo's
 #: network threads kept from preempting a rank inside its own gloo calls (`trainer.launch`).
 #: 6: all-reduces timed with gloo's network threads yielding, as the trainer now waits for them.
-CALIBRATION_METHOD = 6
+#: 7: drawing a step's synthetic batch (``draw``).
+CALIBRATION_METHOD = 7
 
 
 @dataclass(frozen=True)
@@ -178,6 +185,7 @@ class RuntimeCalibration:
     post_s: float = 0.0                            # posting one receive ahead (gloo), per message
     issue: Curve | None = None                     # issuing a bucket's all-reduce, by its bytes
     p2p_oneway: Curve | None = None                # a message whose exchange sends nothing back
+    draw: tuple[tuple[str, float, float], ...] = ()   # (float/int, seconds per tensor, per element)
     method: int = CALIBRATION_METHOD               # how it was measured (`CALIBRATION_METHOD`)
     details: tuple[tuple[str, Any], ...] = field(default=(), compare=False)
 
@@ -229,6 +237,16 @@ class RuntimeCalibration:
                 return tensors * per_tensor + nbytes * per_byte
         return None
 
+    def draw_time(self, floating: bool, numel: int) -> float:
+        """Seconds a rank spends drawing one synthetic input tensor of `numel` elements, floating
+        point or integer (``draw``: every rank draws a step's whole global batch before its first
+        op, `autopar.trainer.data.SyntheticData`); 0 where it was not measured."""
+        kind = "float" if floating else "int"
+        for name, per_tensor, per_element in self.draw:
+            if name == kind:
+                return per_tensor + numel * per_element
+        return 0.0
+
     def staging_time(self, part: int, nbytes: float) -> float:
         """Seconds one rank spends staging a message of `nbytes` (`part` indexes `STAGING_PARTS`);
         0 where the calibration has no staging curves."""
@@ -249,6 +267,7 @@ class RuntimeCalibration:
                 "bwd_call_s": self.bwd_call_s, "post_s": self.post_s, "method": self.method,
                 **({"issue": self.issue.to_json()} if self.issue is not None else {}),
                 **({"p2p_oneway": self.p2p_oneway.to_json()} if self.p2p_oneway is not None else {}),
+                "draw": {name: {"tensor_s": t, "element_s": e} for name, t, e in self.draw},
                 "source": self.source, "details": dict(self.details)}
 
     @classmethod
@@ -268,6 +287,8 @@ class RuntimeCalibration:
                        method=int(doc.get("method", 1)),
                        issue=Curve.from_json(doc["issue"]) if doc.get("issue") else None,
                        p2p_oneway=Curve.from_json(doc["p2p_oneway"]) if doc.get("p2p_oneway") else None,
+                       draw=tuple(sorted((str(k), float(v["tensor_s"]), float(v["element_s"]))
+                                         for k, v in dict(doc.get("draw") or {}).items())),
                        details=tuple(sorted(dict(doc.get("details") or {}).items())))
         except (KeyError, TypeError, ValueError) as e:
             raise CostModelError(f"runtime calibration {doc.get('product', '?')}/{doc.get('backend', '?')}: "
@@ -306,4 +327,7 @@ def default_calibration(product: str, backend: str, world: int, cores: int | Non
                                                     (512 << 10, 345e-6), (2 << 20, 945e-6), (16 << 20, 5.9e-3)]),
                               staging=tuple(Curve.fit(zip(sizes, us)) for us in (
                                   (4e-6, 5e-6, 5e-6, 8e-6, 13e-6), (45e-6, 57e-6, 86e-6, 142e-6, 550e-6),
-                                  (23e-6, 27e-6, 35e-6, 66e-6, 196e-6), (62e-6, 62e-6, 62e-6, 107e-6, 392e-6))))
+                                  (23e-6, 27e-6, 35e-6, 66e-6, 196e-6), (62e-6, 62e-6, 62e-6, 107e-6, 392e-6))),
+                              # one thread of a 2-vCPU AMD EPYC (2026-11-27): torch.randn and torch.randint;
+                              # a GPU rank draws on its device, in microseconds
+                              draw=(("float", 5e-6, 4.9e-9), ("int", 5e-6, 5.5e-9)) if backend == "gloo" else ())

@@ -45,7 +45,8 @@ What the trainer does, and how it is modelled:
   the end each rank waits for its buckets (`S`) and runs its optimizer step over all its shards
   (`O`): the calibrated optimizer time for its tensors and bytes (the cost model's update time
   where the calibration has none).  Before its first op, each rank
-  zeroes its bucket buffers (`zero_grad`, memory bandwidth).
+  draws the step's synthetic global batch (the calibrated ``draw`` for each of the graph's input
+  tensors) and zeroes its bucket buffers (`zero_grad`, memory bandwidth).
 
 Groups, as `planner.sim._plans` builds them, stay pure functions of configurations so delta
 simulation edits them like FlexFlow's: the static chain of barriers (never changes), one group
@@ -506,6 +507,17 @@ def _issue(b, tasks: list, edges: list, keys: list, k: int, bucket, parts: list)
         edges += [(back_arrive(n, i, d), key), (key, after)] + [(key, p) for p in parts]
 
 
+def batch_draw_time(g, rt: RuntimeCalibration) -> float:
+    """Seconds each rank spends drawing a step's synthetic global batch: every input op's tensor
+    (the model's inputs and its labels), floating point or integer (`RuntimeCalibration.draw_time`)."""
+    seconds = 0.0
+    for op in g.ops:
+        if op.kind == "input":
+            for spec in op.outputs:
+                seconds += rt.draw_time(not spec.dtype.startswith(("int", "uint", "bool")), _prod(spec.shape))
+    return seconds
+
+
 def sync_plan(b, holdings: dict) -> tuple:
     """Gradient buckets' all-reduces, each rank's wait for them and its optimizer step, given
     every parameter's holdings (parameter -> device -> boxes)."""
@@ -543,6 +555,7 @@ def sync_plan(b, holdings: dict) -> tuple:
         _issue(b, tasks, edges, keys, k, bucket, parts)
     devices = b.topology.devices
     update_time = b.cost.update_time
+    drawn = batch_draw_time(g, rt)
     for d in range(b.num_devices):
         w, o = sync_wait(d), optimizer_step(d)
         tensors, nbytes, analytic = 0, 0.0, 0.0
@@ -558,7 +571,8 @@ def sync_plan(b, holdings: dict) -> tuple:
         measured = rt.optimizer_time(b.optimizer, tensors, nbytes) if tensors else 0.0
         seconds = measured if measured is not None else analytic
         z = zero_grad(d)
-        tasks.append((z, d, max(zeroed[d] / devices[d].mem_bandwidth, MIN_TASK_SECONDS), "overhead", 0.0, "zero grad"))
+        tasks.append((z, d, max(drawn + zeroed[d] / devices[d].mem_bandwidth, MIN_TASK_SECONDS), "overhead", 0.0,
+                      "draw the batch, zero grad"))
         tasks.append((w, _CHAIN_BASE + d, MIN_TASK_SECONDS, "barrier", 0.0, "sync"))
         tasks.append((o, d, max(seconds, MIN_TASK_SECONDS), "update", 0.0, "optimizer step"))
         keys += (z, w, o)

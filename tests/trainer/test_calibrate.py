@@ -7,7 +7,7 @@ import pytest
 
 from autopar.planner.cost import Curve, ProfileCache
 from autopar.planner.cost.calibration import CALIBRATION_METHOD, STAGING_PARTS, RuntimeCalibration
-from autopar.trainer.calibrate import (IN_SITU_BATCHES, QUICK_SIZES, calibrate, fit_intercept, fit_optimizer,
+from autopar.trainer.calibrate import (IN_SITU_BATCHES, QUICK_SIZES, calibrate, fit_draw, fit_intercept, fit_optimizer,
                                       in_situ_job, issue_curve, message_latencies, message_serial,
                                       one_way_latencies, receive_posting, staging_curves)
 
@@ -76,6 +76,10 @@ def test_a_quick_calibration_of_two_ranks_is_complete_and_round_trips(tmp_path):
     for part in range(len(STAGING_PARTS)):
         assert cal.staging_time(part, 1 << 20) >= cal.staging_time(part, 1 << 10) >= 0
     assert cal.staging_time(1, 1 << 20) > cal.staging_time(1, 1 << 10) > 0
+    # Drawing the synthetic batch was timed on both ranks: more elements cost more, of either kind.
+    assert {name for name, _, _ in cal.draw} == {"float", "int"} and len(details["draw_samples"]) == 2
+    assert all(t >= 0 and e > 0 for _, t, e in cal.draw)
+    assert cal.draw_time(True, 1 << 20) > cal.draw_time(True, 1 << 10) > 0
     # The optimizer was timed inside the trainer's steps: bigger cases cost more.
     for name, samples in details["optimizer_samples"].items():
         by_bytes = sorted(samples, key=lambda s: s[1])
@@ -105,6 +109,23 @@ def test_optimizer_fit_recovers_coefficients_and_never_goes_negative():
     assert a == 0.0 and c > 0
     with pytest.raises(ValueError):
         fit_optimizer([])
+
+
+def test_the_draw_fit_is_per_tensor_plus_per_element_over_the_ranks_medians():
+    per_rank = [{"float": [(1000, 2e-5), (3000, 4e-5)], "int": [(1000, 1e-5), (3000, 3e-5)]},
+                {"float": [(1000, 2e-5), (3000, 4e-5)], "int": [(1000, 1e-5), (3000, 3e-5)]},
+                {"float": [(1000, 9e-5), (3000, 9e-5)], "int": [(1000, 1e-5), (3000, 3e-5)]}]   # the median rules
+    got = dict((k, (t, e)) for k, t, e in fit_draw(per_rank))
+    assert got["float"] == pytest.approx((1e-5, 1e-8)) and got["int"] == pytest.approx((0.0, 1e-8), abs=1e-12)
+
+
+def test_drawing_samples_time_each_kind_at_every_size():
+    import torch
+    from autopar.trainer.calibrate import DRAW_SIZES, _draw_samples
+    out = _draw_samples(torch.device("cpu"))
+    assert set(out) == {"float", "int"}
+    for rows in out.values():
+        assert [n for n, _ in rows] == list(DRAW_SIZES) and all(s > 0 for _, s in rows)
 
 
 def test_intercept_fit_is_the_per_task_slope():

@@ -77,3 +77,19 @@ def test_a_one_way_message_costs_its_own_curve_where_one_was_measured(tmp_path):
     assert RuntimeCalibration.from_json(plain.to_json()) == plain and "p2p_oneway" not in plain.to_json()
     assert RuntimeCalibration.from_json(cal.to_json()) == cal
     assert not replace(cal, backend="nccl").receives_ahead    # NCCL posts a receive with its exchange
+
+
+def test_drawing_a_synthetic_tensor_costs_its_kind_per_tensor_and_per_element(tmp_path):
+    from dataclasses import replace
+    cal = replace(default_calibration("CPU-core", "gloo", 2), draw=(("float", 1e-5, 2e-9), ("int", 3e-6, 1e-9)))
+    assert cal.draw_time(True, 1000) == pytest.approx(1e-5 + 2e-6)
+    assert cal.draw_time(False, 1000) == pytest.approx(3e-6 + 1e-6)
+    assert replace(cal, draw=()).draw_time(True, 1000) == 0.0          # not measured: nothing
+    assert default_calibration("GPU", "nccl", 2).draw == ()             # a GPU rank draws on its device
+    cache = ProfileCache(path=tmp_path / "p.json")
+    cache.put_calibration(cal)
+    cache.save()
+    assert ProfileCache.load(tmp_path / "p.json").calibration("CPU-core", "gloo", 2).draw == cal.draw
+    doc = cal.to_json()
+    del doc["draw"]                                                      # a file from before it was measured
+    assert RuntimeCalibration.from_json(doc).draw == ()

@@ -421,6 +421,46 @@ def test_a_simulated_step_splits_into_the_parts_the_trainers_phases_time():
     assert min(p["synchronization"] for p in parts(data_parallel(g, 2)).values()) > 0
 
 
+def test_every_rank_draws_the_whole_batch_before_its_first_op():
+    """Each rank draws the step's synthetic global batch (the model's inputs and labels) before its
+    first op: with a calibrated ``draw`` every device's step-start task and its overhead part grow
+    by the draw time of the graph's input tensors, whatever the plan."""
+    from dataclasses import replace
+
+    from autopar.planner.sim import step_parts
+    from autopar.planner.sim.trainer_model import batch_draw_time, zero_grad
+    from autopar.planner.zoo import load_model
+    from autopar.planner.ir import import_spec
+
+    g = import_spec(load_model("lenet", batch=8, image=20))
+    inputs = {op.name: op.outputs[0] for op in g.ops if op.kind == "input"}
+    assert {s.dtype for s in inputs.values()} == {"float32", "int64"}    # images and labels
+    base = replace(default_calibration("CPU-core", "gloo", 2), draw=())
+    drawing = replace(base, draw=(("float", 1e-5, 1e-8), ("int", 2e-5, 3e-8)))
+    expected = sum(1e-5 + 1e-8 * _numel(s) if s.dtype == "float32" else 2e-5 + 3e-8 * _numel(s)
+                   for s in inputs.values())
+    assert batch_draw_time(g, drawing) == pytest.approx(expected) and batch_draw_time(g, base) == 0.0
+    topo = get_preset("local:2")
+    for strategy in (data_parallel(g, 2), model_parallel(g, 2)):
+        runs = []
+        for cal in (base, drawing):
+            b = TaskGraphBuilder(g, topo, CostModel().bind(g), runtime=cal)
+            res, tl, tg = simulate_strategy(b, strategy)
+            runs.append((tg, step_parts(b, tg, tl)))
+        for d in (0, 1):
+            # (without a draw, an empty zeroing task still lasts the simulator's least task time)
+            assert runs[1][0].task(zero_grad(d)).duration - runs[0][0].task(zero_grad(d)).duration == pytest.approx(
+                expected, abs=1e-8)
+            assert runs[1][1][d]["overhead"] - runs[0][1][d]["overhead"] == pytest.approx(expected, abs=1e-8)
+
+
+def _numel(spec) -> int:
+    n = 1
+    for x in spec.shape:
+        n *= x
+    return n
+
+
 def test_each_rank_issues_a_buckets_all_reduce_on_its_program_before_it_starts():
     """`trainer.sync.GradSync._issue` runs on the rank's own thread when its backward pass reaches
     the bucket: one ``issue`` task per member device, before the all-reduce and before the program
