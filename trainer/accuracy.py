@@ -582,16 +582,16 @@ def print_table(doc: dict[str, Any]) -> None:
                                         f"first to the second (median, {share['min']:.2f} to {share['max']:.2f})"))
         held = diag.get("cache_share_held_out")
         if held:
-            h = held["held_out"]
-            console.print(
-                f"one cache share for the machine, {held['share']:.2f} of the way (fitted on "
-                f"{', '.join(held['fitted_on'])}; not applied above): on {', '.join(held['scored_on'])} it would leave "
-                f"median |error| {100 * h['median_abs_error']:.1f} %, max {100 * h['max_abs_error']:.1f} %, "
-                f"mean {100 * h['mean_error']:+.1f} %")
+            console.print(_held_out_line(f"one cache share for the machine, {held['share']:.2f} of the way", held))
     res = doc.get("residual")
     if res:
-        h = res["held_out"]
-        console.print(
-            f"residual factor {res['factor']:.3f} (measured / simulated, fitted on {', '.join(res['fitted_on'])}; "
-            f"not applied above): on {', '.join(res['scored_on'])} it would leave median |error| "
-            f"{100 * h['median_abs_error']:.1f} %, max {100 * h['max_abs_error']:.1f} %, mean {100 * h['mean_error']:+.1f} %")
+        console.print(_held_out_line(f"residual factor {res['factor']:.3f} (measured / simulated)", res))
+
+
+def _held_out_line(what: str, fit: dict[str, Any]) -> str:
+    """One line for a quantity fitted on some models and scored on the others (`residual`,
+    `cache_share_held_out`)."""
+    h = fit["held_out"]
+    return (f"{what}, fitted on {', '.join(fit['fitted_on'])} (not applied above): on {', '.join(fit['scored_on'])} "
+            f"it would leave median |error| {100 * h['median_abs_error']:.1f} %, max {100 * h['max_abs_error']:.1f} %, "
+            f"mean {100 * h['mean_error']:+.1f} %")
