@@ -205,3 +205,20 @@ def test_the_residual_factor_is_fitted_on_some_models_and_scored_on_the_others()
     assert res["held_out"]["max_abs_error"] == pytest.approx(1 - 1.2 / 1.32)
     assert res["held_out"]["median_abs_error"] == pytest.approx((1 - 1.2 / 1.32) / 2)
     assert residual(rows[:2]) is None
+
+
+def test_the_table_prints_every_row_the_totals_and_the_fits_held_out(capsys):
+    from autopar.trainer.accuracy import diagnosis_totals, print_table
+    rows = []
+    for model, k in (("a", 1.0), ("b", 1.1), ("c", 1.2)):
+        for strategy, sim in (("data-parallel", 1.0), ("searched", 0.8)):
+            r = _diagnosed(model, strategy, sim * k * 1.1, sim * k, sim * k * 1.2)
+            r.update(off="compute under by 1.0 ms", simulated_s=sim * k)
+            rows.append(r)
+    doc = {"world_size": 2, "measured_steps": 30, "warmup_steps": 5, "rows": rows, **totals(rows),
+           "diagnosis": diagnosis_totals(rows)}
+    print_table(doc)
+    out = " ".join(capsys.readouterr().out.split())
+    assert out.count("compute under by 1.0 ms") == len(rows) and "Kendall tau" in out
+    assert "residual factor" in out and "one cache share for the machine" in out
+    assert "fitted on a, b (not applied above): on c it would leave median |error|" in out
