@@ -448,7 +448,8 @@ def _off_part(sim: dict[str, float], meas: dict[str, float]) -> str:
 def run_accuracy_bench(quick: bool = False, progress: bool = True,
                        models: tuple[tuple[str, dict[str, Any]], ...] = MODELS, **overrides: Any) -> dict[str, Any]:
     """Every model's rows and the totals; the returned dict is the JSON of the benchmark.
-    `overrides` replace settings (``warmup``, ``steps``, ``search_budget_s``, ``random_plans``, and
+    `overrides` replace settings (``warmup``, ``steps``, ``search_budget_s``, ``random_plans``,
+    ``diagnose``: False leaves out the two profiles after each model's steps, and
     ``profile_cache``: a cache file to measure into and keep, instead of a private temporary one,
     whose runtime calibration is used when it has one unless ``recalibrate`` is true).  The
     runtime is calibrated as `autopar profile` calibrates it for a user, also under `quick`
