@@ -345,8 +345,11 @@ def _drift(probes: list[dict[str, float]]) -> dict[str, Any]:
     return out
 
 
-def _diagnose(model: str, options: dict[str, Any], graph, calibration, plans: dict[str, Any], folder: Path,
-              cfg: dict[str, Any], log: Callable[[str], None]) -> dict[str, dict[str, tuple[float, dict[str, float], int]]]:
+_Simulated = tuple[float, dict[str, float], int]       # `simulate_parts`
+
+
+def _diagnose(model: str, options: dict[str, Any], graph, topology, calibration, plans: dict[str, Any], folder: Path,
+              cfg: dict[str, Any], log: Callable[[str], None]) -> dict[str, dict[str, _Simulated]]:
     """Two more profiles of `model`, taken right after its steps, each into a cache of its own
     with the same runtime calibration, and `plans` simulated with each: ``"after_steps"``
     profiled as the first (the L2 left cold before each call), ``"llc"`` with the last-level
@@ -358,9 +361,7 @@ def _diagnose(model: str, options: dict[str, Any], graph, calibration, plans: di
     comes from memory.  Where a row's measured compute falls between the two is its
     ``compute_cache_share``."""
     from autopar.planner.cost import CostModel, ProfileCache, profile_local
-    from autopar.planner.hardware import get_preset
     from autopar.planner.sim import TaskGraphBuilder
-    topology = get_preset(f"local:{WORLD}")
     out = {}
     for tag, level in (("after_steps", "l2"), ("llc", "llc")):
         cache = ProfileCache.load(folder / f"{graph.name}-{tag}.json")
@@ -375,8 +376,7 @@ def _diagnose(model: str, options: dict[str, Any], graph, calibration, plans: di
     return out
 
 
-def _row_diagnosis(measured_s: float, measured_parts: dict[str, float],
-                   sims: dict[str, tuple[float, dict[str, float], int]]) -> dict[str, Any]:
+def _row_diagnosis(measured_s: float, measured_parts: dict[str, float], sims: dict[str, _Simulated]) -> dict[str, Any]:
     """A row's step simulated with the two diagnostic profiles (`_diagnose`), their errors, and
     ``compute_cache_share``: where the measured compute lies between the compute simulated with
     the L2-evicted profile (0) and with the last-level-evicted one (1), taken minutes apart on
@@ -506,7 +506,7 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
             log(f"  trained {len(jobs)} strategies x {cfg['warmup'] + cfg['steps']} steps in "
                 f"{time.perf_counter() - t0:.0f} s")
             probes.append(speed_probe())
-            diagnosed = (_diagnose(model, options, graph, calibration, {n: chosen[n] for n in unique},
+            diagnosed = (_diagnose(model, options, graph, topology, calibration, {n: chosen[n] for n in unique},
                                    Path(tmp), cfg, log) if cfg["diagnose"] else {})
             speed[graph.name] = drift = _drift(probes)
             log("  machine speed probe, the steps against the profile (> 1: slower): "
@@ -524,7 +524,8 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
                 row["off"] = _off_part(sparts, mparts)
                 row["peak_memory_bytes"] = peak
                 if diagnosed:
-                    row["diagnosis"] = _row_diagnosis(med, mparts, {tag: sims[same[name]] for tag, sims in diagnosed.items()})
+                    row["diagnosis"] = _row_diagnosis(med, mparts,
+                                                      {tag: sims[same[name]] for tag, sims in diagnosed.items()})
                 rows.append(row)
                 log(f"  {name:15s} simulated {sim_s * 1e3:8.2f} ms  measured {med * 1e3:8.2f} ms "
                     f"(cv {100 * cv:4.1f} %)  error {100 * row['error']:+6.1f} %   {row['off']}"
@@ -578,7 +579,8 @@ def print_table(doc: dict[str, Any]) -> None:
             f"profiled again after the steps (not applied above): each row's simulated step moved by "
             f"{100 * after['median_change']:.1f} % (median, max {100 * after['max_change']:.1f} %), median |error| "
             f"{100 * after['median_abs_error']:.1f} %, mean {100 * after['mean_error']:+.1f} %; with the last-level "
-            f"cache evicted: median |error| {100 * llc['median_abs_error']:.1f} %, mean {100 * llc['mean_error']:+.1f} %"
+            f"cache evicted: median |error| {100 * llc['median_abs_error']:.1f} %, "
+            f"mean {100 * llc['mean_error']:+.1f} %"
             + ("" if share is None else f"; measured compute at {share['median']:.2f} of the way from the "
                                         f"first to the second (median, {share['min']:.2f} to {share['max']:.2f})"))
         held = diag.get("cache_share_held_out")
