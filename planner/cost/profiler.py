@@ -99,6 +99,8 @@ EVICT_CAP_BYTES = 64 << 20
 CACHE_LEVELS = ("l2", "llc")
 #: The most the last-level eviction buffer may take (twice the last-level cache, up to this).
 LLC_EVICT_CAP_BYTES = 128 << 20
+
+
 @dataclass(frozen=True)
 class ProfileRecord:
     key: str

@@ -114,6 +114,7 @@ class TaskGraphBuilder:
         self.bucket_bytes = bucket_bytes
         if self.runtime is not None:
             self._requires_grad = trainer_model.requires_grad(graph)
+            self._batch_draw_s = trainer_model.batch_draw_time(graph, self.runtime)   # every step, every rank
             self._held: dict = {}  # (parameter, its users' configurations) -> holdings
             self._delays: dict = {}  # message key -> its latency's virtual resource
 

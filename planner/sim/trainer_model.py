@@ -555,7 +555,7 @@ def sync_plan(b, holdings: dict) -> tuple:
         _issue(b, tasks, edges, keys, k, bucket, parts)
     devices = b.topology.devices
     update_time = b.cost.update_time
-    drawn = batch_draw_time(g, rt)
+    drawn = b._batch_draw_s
     for d in range(b.num_devices):
         w, o = sync_wait(d), optimizer_step(d)
         tensors, nbytes, analytic = 0, 0.0, 0.0
