@@ -601,8 +601,9 @@ def step_parts(b, tg, tl) -> dict[int, dict[str, float]]:
       an exchange to having its inputs, or its gradients, staged: the ``exchange`` and ``grad
       exchange`` spans);
     * ``synchronization``: waiting for the buckets' all-reduces after the backward pass (the
-      ``sync`` span), plus, where communication runs on the ranks' cores, the all-reduces' time
-      on the device during the backward pass (a real step shows it as slower compute);
+      ``sync`` span), plus, where communication runs on the ranks' cores, the all-reduces' parts
+      on the device's core during the backward pass (a real step shows them as slower compute),
+      less what of them falls while the program waits in an exchange (that is transfer);
     * ``optimizer``: the optimizer step;
     * ``overhead``: the rest of the step (the per-task overhead, posting receives, zeroing the
       gradient buckets).
@@ -613,21 +614,27 @@ def step_parts(b, tg, tl) -> dict[int, dict[str, float]]:
     out: dict[int, dict[str, float]] = {}
     for d in range(b.num_devices):
         part = dict.fromkeys(STEP_PARTS, 0.0)
-        part["transfer"] = sum(tl.start[inputs_in(i, d)] - tl.end[arrive(i, d)]
-                               + tl.start[grads_in(n, i, d)] - tl.end[grads_out(n, i, d)] for i in range(n))
+        waits = [(tl.end[arrive(i, d)], tl.start[inputs_in(i, d)]) for i in range(n)]
+        waits += [(tl.end[grads_out(n, i, d)], tl.start[grads_in(n, i, d)]) for i in range(n)]
+        part["transfer"] = sum(e - s for s, e in waits)
         end_backward = tl.end[back_arrive(n, -1, d)]
         part["synchronization"] = tl.start[sync_wait(d)] - end_backward
+        if rt.comm_uses_cores:
+            # An all-reduce's part on this core before the backward pass ends; `spans` gives the
+            # part's own window (the task's spans its links' parts too, which run while the core
+            # still computes).  Where the program waits in an exchange meanwhile, that time is
+            # already transfer, as a real rank's exchange span holds it.
+            for key, s, e in tl.spans(d):
+                if tg.task(key).kind == "comm":
+                    e = min(e, end_backward)
+                    if e > s:
+                        part["synchronization"] += e - s - sum(
+                            max(0.0, min(e, we) - max(s, ws)) for ws, we in waits if we > ws)
         out[d] = part
     for key in tg:
         info = tg.task(key)
         res = info.resource
-        if info.kind == "comm" and isinstance(res, tuple):
-            for d in res:
-                if d < b.num_devices:
-                    overlap = min(tl.end[key], tl.end[back_arrive(n, -1, d)]) - tl.start[key]
-                    out[d]["synchronization"] += max(0.0, overlap)
-            continue
-        if isinstance(res, tuple) or res >= b.num_devices:
+        if isinstance(res, tuple) or res >= b.num_devices:      # a transfer's or an all-reduce's parts
             continue
         if info.kind == "forward":
             out[res]["compute"] += max(0.0, info.duration - (0.0 if rt.launches_async else rt.fwd_task_s))
