@@ -30,8 +30,9 @@ compute (the ops' forward and backward spans), transfer (the exchanges' spans: m
 and waiting for peers), synchronization (waiting for the gradients' all-reduces), the optimizer
 step, and overhead (the rest: the runtime's own work between the spans), on both sides for the
 rank with the most compute and optimizer time.  A measured step shows an all-reduce that runs
-on the ranks' cores during the backward pass as slower compute; the simulated one counts it as
-synchronization.
+on the ranks' cores during the backward pass as slower compute, and so does the simulated one
+(its part on the rank's core); synchronization is the wait for the buckets after the backward
+pass, on both sides.
 
 Totals: median, 90th percentile and largest absolute error, the mean signed error, Kendall's tau
 over the pairs of one model's strategies whose measured times differ by more than twice their

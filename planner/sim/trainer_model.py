@@ -596,14 +596,15 @@ def step_parts(b, tg, tl) -> dict[int, dict[str, float]]:
 
     * ``compute``: the ops' forward and backward tasks less the runtime's per-task overhead,
       which falls between the phases' spans, plus the engine's start-up of an op's own backward
-      call, which falls inside them;
+      call, which falls inside them, plus, where communication runs on the ranks' cores, the
+      all-reduces' parts on the device's core during the backward pass: a real rank's gloo
+      thread takes that time from the ops it runs under, and the phases time it as slower
+      compute (less what of it falls while the program waits in an exchange: that is transfer);
     * ``transfer``: the program's time in its ops' exchanges, forward and backward (from reaching
       an exchange to having its inputs, or its gradients, staged: the ``exchange`` and ``grad
       exchange`` spans);
     * ``synchronization``: waiting for the buckets' all-reduces after the backward pass (the
-      ``sync`` span), plus, where communication runs on the ranks' cores, the all-reduces' parts
-      on the device's core during the backward pass (a real step shows them as slower compute),
-      less what of them falls while the program waits in an exchange (that is transfer);
+      ``sync`` span);
     * ``optimizer``: the optimizer step;
     * ``overhead``: the rest of the step (the per-task overhead, posting receives, zeroing the
       gradient buckets).
@@ -628,7 +629,7 @@ def step_parts(b, tg, tl) -> dict[int, dict[str, float]]:
                 if tg.task(key).kind == "comm":
                     e = min(e, end_backward)
                     if e > s:
-                        part["synchronization"] += e - s - sum(
+                        part["compute"] += e - s - sum(
                             max(0.0, min(e, we) - max(s, ws)) for ws, we in waits if we > ws)
         out[d] = part
     for key in tg:
