@@ -48,6 +48,20 @@ def test_a_step_lasts_as_long_as_its_slowest_rank():
     assert parts["overhead"] == pytest.approx(0.06 - 0.034) and cv > 0     # the rank's own median step
 
 
+def test_the_measured_overhead_is_the_median_of_each_steps_rest():
+    """A stall now in the exchanges and now in the compute moves both parts' medians below their
+    typical sum; the overhead is each step's time outside the spans, not the median step less the
+    parts' medians (which would call the parts' spread overhead)."""
+    def step(fwd, exchange):
+        return (fwd + exchange + 0.001, {"fwd": fwd, "bwd": 0.0, "exchange": exchange, "grad exchange": 0.0,
+                                         "sync": 0.0, "optimizer step": 0.0})
+    rank = [step(0.010, 0.010), step(0.013, 0.010), step(0.010, 0.013), step(0.013, 0.010), step(0.010, 0.013)]
+    med, _, parts = _measured_row([rank])
+    assert med == pytest.approx(0.024) and parts["compute"] == pytest.approx(0.010)
+    assert parts["transfer"] == pytest.approx(0.010)
+    assert parts["overhead"] == pytest.approx(0.001)          # not 0.024 - 0.020
+
+
 def test_the_measured_parts_are_the_busiest_ranks_as_on_the_simulated_side():
     """In a pipeline the slowest rank is often the one that waits; both sides take the rank with
     the most compute and optimizer time."""
