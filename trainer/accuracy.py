@@ -63,14 +63,13 @@ from typing import Any, Callable
 
 import torch.distributed as dist
 
-from autopar.planner.sim import STEP_PARTS
 from autopar.planner.zoo import with_dtype
 
 from .comm import ProcessGroups
 from .errors import PlanRefusedError
 from .launch import run_local
 from .optim import OptimizerConfig
-from .runtime import PHASES
+from .parts import busiest_device, furthest_off, measured_parts
 from .session import Trainer
 from .train import Job, TrainConfig
 from .validate import check_plan
@@ -149,7 +148,7 @@ def simulate_parts(builder, strategy) -> tuple[float, dict[str, float], int]:
     from autopar.planner.sim import simulate_strategy, step_parts
     res, tl, tg = simulate_strategy(builder, strategy)
     per_dev = step_parts(builder, tg, tl)
-    dev = max(per_dev, key=lambda d: per_dev[d]["compute"] + per_dev[d]["optimizer"])
+    dev = busiest_device(per_dev)
     return res.step_time, per_dev[dev], res.peak_memory.get(dev, 0)
 
 
@@ -190,33 +189,14 @@ def _measure(rank: int, world: int, jobs: list[Job], warmup: int, steps: int) ->
     return out
 
 
-#: The trainer's phases (`autopar.trainer.runtime.PHASES`) each measured part of a step sums; the
-#: overhead is the rest.
-_PHASES_OF = {"compute": ("fwd", "bwd"), "transfer": ("exchange", "grad exchange"), "synchronization": ("sync",),
-              "optimizer": ("optimizer step",)}
-
-
 def _measured_row(per_rank: list[list[tuple[float, dict]]]) -> tuple[float, float, dict[str, float]]:
     """(median step, CV, parts) of one job: a step lasts as long as its slowest rank.  The parts
-    are one rank's medians, the rank with the most compute and optimizer time, the same rule
-    `simulate_parts` picks the simulated device by (the slowest rank of a pipeline is often the
-    one that waits).  Its overhead is the median over steps of the rest of each of its steps (the
-    step less its spans): the median step less the parts' medians would count the parts' spread
-    as overhead, since the medians of skewed parts do not add up to the median of their sum (a
-    user's tagger under model parallelism: 2.6-2.9 ms that way, 1.0-1.1 ms between the spans
-    of its steps, 2026-11-27)."""
+    are those of the rank with the most compute and optimizer time (`trainer.parts`)."""
     steps = list(zip(*per_rank))                   # per step: each rank's (seconds, phases)
     times = [max(rp[0] for rp in s) for s in steps]
     med = statistics.median(times)
     cv = statistics.stdev(times) / statistics.fmean(times) if len(times) > 1 else 0.0
-
-    def parts_of(rank: list[tuple[float, dict]]) -> dict[str, float]:
-        out = {p: statistics.median(sum(ph[n] for n in names) for _, ph in rank) for p, names in _PHASES_OF.items()}
-        out["overhead"] = statistics.median(max(0.0, t - sum(ph[n] for names in _PHASES_OF.values() for n in names))
-                                            for t, ph in rank)
-        return out
-    parts = max((parts_of(r) for r in per_rank), key=lambda p: p["compute"] + p["optimizer"])
-    return med, cv, parts
+    return med, cv, measured_parts(per_rank)[1]
 
 
 # -- totals ----------------------------------------------------------------------------------------
@@ -445,13 +425,6 @@ def cache_share_held_out(rows: list[dict[str, Any]], fit_models: int = 2) -> dic
             "held_out": _error_stats(errs)}
 
 
-def _off_part(sim: dict[str, float], meas: dict[str, float]) -> str:
-    """The part whose simulated seconds are furthest from the measured ones."""
-    gaps = {k: sim[k] - meas[k] for k in STEP_PARTS}
-    k = max(gaps, key=lambda p: abs(gaps[p]))
-    return f"{k} {'over' if gaps[k] > 0 else 'under'} by {abs(gaps[k]) * 1e3:.1f} ms"
-
-
 # -- the benchmark ---------------------------------------------------------------------------------
 
 def run_accuracy_bench(quick: bool = False, progress: bool = True,
@@ -530,7 +503,7 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
                                 for op in graph.ops}}
                 if same[name] != name:
                     row["same_plan_as"] = same[name]
-                row["off"] = _off_part(sparts, mparts)
+                row["off"] = furthest_off(sparts, mparts)
                 row["peak_memory_bytes"] = peak
                 if diagnosed:
                     row["diagnosis"] = _row_diagnosis(med, mparts,

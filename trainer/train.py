@@ -47,6 +47,7 @@ from .launch import (DEFAULT_TIMEOUT, check_gpus, init_from_env, pick_backend, r
                      under_torchrun)
 from .metrics import StepMetrics, median_step
 from .optim import STATE_KEYS, OptimizerConfig
+from .parts import busiest_device, furthest_off, measured_parts
 from .session import Trainer
 from .sync import DEFAULT_BUCKET_BYTES
 from .trace import StepTracer
@@ -118,6 +119,9 @@ class Job:
     strategy: Strategy
     predicted: float | None = None
     predicted_note: str = ""
+    #: The simulated step's parts on its busiest device (`planner.sim.step_parts`), where the
+    #: step was simulated for this run (not for a plan file's recorded prediction).
+    predicted_parts: dict[str, float] | None = None
 
 
 def prepare(cfg: TrainConfig, world: int, check: bool = True) -> Job:
@@ -133,9 +137,10 @@ def prepare(cfg: TrainConfig, world: int, check: bool = True) -> Job:
     if check:
         check_plan(graph, strategy, world, spec.module)
     predicted, note = _plan_file_prediction(cfg.strategy)
+    parts = None
     if predicted is None:
-        predicted, note = predict(graph, topology, strategy, cfg)
-    return Job(cfg, spec, graph, strategy, predicted, note)
+        predicted, note, parts = predict(graph, topology, strategy, cfg)
+    return Job(cfg, spec, graph, strategy, predicted, note, parts)
 
 
 def _plan_file_prediction(strategy: Any) -> tuple[float | None, str]:
@@ -168,26 +173,33 @@ def resolve_strategy(strategy: Any, graph: OperatorGraph, topology, model_option
     return load_plan(strategy, graph, topology, model_options=model_options)
 
 
-def predict(graph: OperatorGraph, topology, strategy: Strategy, cfg: TrainConfig) -> tuple[float | None, str]:
-    """The simulator's step time for the plan (profile cache where measured, roofline elsewhere)."""
+def predict(graph: OperatorGraph, topology, strategy: Strategy,
+            cfg: TrainConfig) -> tuple[float | None, str, dict[str, float] | None]:
+    """The simulator's step time for the plan (profile cache where measured, roofline elsewhere),
+    how it was obtained, and the simulated step's parts on its busiest device
+    (`planner.sim.step_parts`, `trainer.parts.busiest_device`)."""
     if (cfg.topology is None and any(d.kind.lower().startswith("cpu") for d in topology.devices)
             and pick_backend(cfg.device)[1] == "cuda"):
         # local:N describes CPU worker ranks; a prediction for it says nothing about these GPUs
         return None, ("no prediction: training on CUDA, and local:N describes CPU ranks; pass --topology with a "
                       "topology file naming this machine's GPUs (examples/topologies), after `autopar profile` "
-                      "measured them")
+                      "measured them"), None
     try:
         from pathlib import Path
 
         from autopar.planner.cost import CostModel, ProfileCache, default_cache_path
-        from autopar.planner.sim import TaskGraphBuilder, simulate_strategy
+        from autopar.planner.sim import TaskGraphBuilder, simulate_strategy, step_parts
         path = Path(cfg.profile_cache) if cfg.profile_cache else default_cache_path()
         cost = CostModel(ProfileCache.load(path)).bind(graph)
         builder = TaskGraphBuilder(graph, topology, cost, cfg.optimizer.name)
-        res, _, _ = simulate_strategy(builder, strategy)
-        return res.step_time, f"simulated on {topology.name}"
+        res, tl, tg = simulate_strategy(builder, strategy)
+        parts = None
+        if builder.runtime is not None:     # the trainer's model: its tasks are the runtime's phases
+            per_device = step_parts(builder, tg, tl)
+            parts = per_device[busiest_device(per_device)]
+        return res.step_time, f"simulated on {topology.name}", parts
     except Exception as e:  # noqa: BLE001 - a prediction is informative; training does not need it
-        return None, f"no prediction: {type(e).__name__}: {e}"
+        return None, f"no prediction: {type(e).__name__}: {e}", None
 
 
 def _model_dtype(graph: OperatorGraph) -> str:
@@ -236,6 +248,7 @@ def rank_main(rank: int, world: int, job: Job, device_kind: str = "cpu") -> dict
     stop = _StopRequest(trainer.world_group, trainer.device) if cfg.graceful_stop else None
     bar = _ProgressBar(cfg.steps, start) if cfg.progress and rank == 0 else None
     stopped_at = stop_signal = None
+    phased: list[tuple[float, dict]] = []     # untraced steps: (seconds, the runtime's phases)
     try:
         for step in range(start, cfg.steps):
             _maybe_fault(rank, step)
@@ -249,6 +262,8 @@ def rank_main(rank: int, world: int, job: Job, device_kind: str = "cpu") -> dict
                     # GPU-bound step would count only the host's launches
                     torch.cuda.synchronize(trainer.device)
                 seconds = time.perf_counter() - t0
+            if not traced:
+                phased.append((seconds, dict(trainer.runtime.phases)))
             loss = trainer.global_loss(local)
             if metrics is not None:
                 metrics.record(seconds, loss, batch, traced=traced, step=step + 1)
@@ -279,6 +294,7 @@ def rank_main(rank: int, world: int, job: Job, device_kind: str = "cpu") -> dict
         if bar is not None:
             bar.close()
         trace_file = _write_trace(cfg, job, tracer, rank, world, trainer.world_group)
+        parts = _measured_parts(phased, rank, world, trainer)
         if metrics is None:
             return None
         med = median_step(metrics.untraced_times() or metrics.times)
@@ -291,6 +307,9 @@ def rank_main(rank: int, world: int, job: Job, device_kind: str = "cpu") -> dict
             "step_seconds": metrics.times, "losses": metrics.losses,
             "measured_step_s": med, "measured_cv": metrics.cv(), "predicted_step_s": job.predicted,
             "prediction_error": error, "prediction": job.predicted_note,
+            "predicted_parts_s": job.predicted_parts, "measured_parts_s": parts[1] if parts else None,
+            "measured_parts_rank": parts[0] if parts else None,
+            "furthest_off": furthest_off(job.predicted_parts, parts[1]) if parts and job.predicted_parts else None,
             "traced_steps": [s + 1 for s in range(start, cfg.steps) if tracer is not None and tracer.traced(s)],
             "trace": trace_file,
             "samples_per_second": batch / med if med else None,
@@ -496,6 +515,26 @@ def train_main(args: Any = None, **overrides: Any) -> dict | None:
                      graceful=cfg.graceful_stop)[0]
 
 
+def _measured_parts(phased: list[tuple[float, dict]], rank: int, world: int,
+                    trainer: Trainer) -> tuple[int, dict[str, float]] | None:
+    """On rank 0, (rank, parts) of the measured step (`trainer.parts.measured_parts`) over every
+    rank's untraced steps but the first (allocation and warm-up, as `median_step` leaves it out);
+    None elsewhere, and on CUDA, where the phases time the host issuing kernels rather than the
+    kernels.  Every rank must call it."""
+    if trainer.device.type != "cpu":
+        return None
+    per_rank: list = [None] * world if rank == 0 else None
+    if world > 1:
+        dist.gather_object(phased, per_rank, dst=0, group=trainer.world_group)
+    elif per_rank is not None:
+        per_rank[0] = phased
+    if rank != 0:
+        return None
+    n = min(len(r) for r in per_rank)
+    first = 1 if n > 1 else 0
+    return measured_parts([r[first:n] for r in per_rank]) if n else None
+
+
 def _warn(job: Job) -> None:
     """What the plan notes about itself (e.g. a batch that does not divide over the devices)."""
     for note in job.strategy.notes:
@@ -514,6 +553,11 @@ def format_summary(summary: dict) -> str:
              f"measured step {med * 1e3:.1f} ms{spread} (median; {summary['samples_per_second']:.1f} samples/s)",
              (f"predicted step {pred * 1e3:.1f} ms ({summary['prediction']}); prediction error {100 * err:+.1f} %"
               if pred and err is not None else summary["prediction"])]
+    sim, meas = summary.get("predicted_parts_s"), summary.get("measured_parts_s")
+    if sim and meas:
+        lines.append(f"parts of the step on rank {summary['measured_parts_rank']}, predicted / measured (ms): "
+                     + ", ".join(f"{k} {sim[k] * 1e3:.1f} / {meas[k] * 1e3:.1f}" for k in meas)
+                     + f"; furthest off: {summary['furthest_off']}")
     if summary.get("trace"):
         lines.append(f"trace of steps {', '.join(map(str, summary['traced_steps']))}: {summary['trace']} "
                      f"(open in ui.perfetto.dev; `autopar simulate --trace` writes the simulated one)")

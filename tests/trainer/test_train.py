@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 
 import pytest
 
@@ -12,6 +13,7 @@ from autopar.planner.hardware.presets import get_preset
 from autopar.planner.ir.fx_import import import_spec
 from autopar.planner.ir.strategy import model_parallel
 from autopar.planner.plan_file import save_plan
+from autopar.planner.sim import STEP_PARTS
 from autopar.planner.zoo.registry import get_model
 from autopar.trainer.train import add_train_args, config_from, format_summary, train_main
 
@@ -41,6 +43,27 @@ def test_training_a_plan_file_reports_losses_and_predicted_beside_measured_time(
     assert summary["optimizer"]["name"] == "adam"
     text = format_summary(summary)
     assert "measured step" in text and f"prediction error {100 * summary['prediction_error']:+.1f} %" in text
+    # A plan file records a step time, not its parts: the measured parts alone, nothing to compare.
+    assert summary["predicted_parts_s"] is None and summary["furthest_off"] is None
+    assert set(summary["measured_parts_s"]) == set(STEP_PARTS) and "furthest off" not in text
+
+
+def test_a_simulated_plan_reports_its_parts_beside_the_measured_ones():
+    """`autopar train` splits the predicted and the measured step into the same parts (compute,
+    transfer, synchronization, optimizer, overhead) on the busiest rank, and names the part
+    furthest off, so a user sees where a prediction went wrong."""
+    summary = train_main(model="lenet", model_options=LENET, strategy="model-parallel", nproc=2, steps=4, log=False)
+    json.dumps(summary)
+    sim, meas = summary["predicted_parts_s"], summary["measured_parts_s"]
+    assert set(sim) == set(meas) == set(STEP_PARTS) and min(meas.values()) >= 0
+    assert sum(sim.values()) == pytest.approx(summary["predicted_step_s"], rel=1e-9)
+    assert meas["compute"] > 0 and meas["transfer"] > 0 and summary["measured_parts_rank"] in (0, 1)
+    assert sum(meas.values()) <= max(summary["step_seconds"])
+    assert re.fullmatch(r"(compute|transfer|synchronization|optimizer|overhead) (over|under) by \d+\.\d ms",
+                        summary["furthest_off"])
+    text = format_summary(summary)
+    assert f"parts of the step on rank {summary['measured_parts_rank']}" in text
+    assert f"furthest off: {summary['furthest_off']}" in text
 
 
 def test_a_plan_file_for_another_topology_is_refused_before_training(tmp_path):
@@ -73,10 +96,10 @@ def test_training_on_cuda_without_a_gpu_topology_predicts_nothing_rather_than_a_
     monkeypatch.setattr(train_mod, "pick_backend", lambda device=None: ("nccl", "cuda"))
     graph = import_spec(get_model("lenet", **LENET))
     cfg = train_mod.TrainConfig(model="lenet", device="cuda", optimizer=OptimizerConfig("sgd", lr=0.01), log=False)
-    predicted, note = train_mod.predict(graph, get_preset("local:1"), single_device(graph), cfg)
-    assert predicted is None and "--topology" in note and "GPUs" in note
+    predicted, note, parts = train_mod.predict(graph, get_preset("local:1"), single_device(graph), cfg)
+    assert predicted is None and parts is None and "--topology" in note and "GPUs" in note
     # With --topology (a file naming the GPU product) it simulates as usual.
     cfg = train_mod.TrainConfig(model="lenet", device="cuda", topology="p100-1x4",
                                 optimizer=OptimizerConfig("sgd", lr=0.01), log=False)
-    predicted, note = train_mod.predict(graph, get_preset("p100-1x4"), single_device(graph), cfg)
+    predicted, note, parts = train_mod.predict(graph, get_preset("p100-1x4"), single_device(graph), cfg)
     assert predicted and predicted > 0 and note == "simulated on p100-1x4"

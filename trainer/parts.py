@@ -1,0 +1,57 @@
+"""A step split into the parts the simulator predicts (`planner.sim.STEP_PARTS`), measured.
+
+The runtime times its phases in every step (`autopar.trainer.runtime.PHASES`: each op's forward
+and backward spans, its exchanges, the wait for the gradients' all-reduces, the optimizer step).
+Summed into the simulator's parts — compute, transfer, synchronization, optimizer, and overhead
+(the rest of the step: the runtime's own work between the spans, drawing the batch, posting
+receives) — they say which part of a prediction was off (`furthest_off`), in `autopar train`'s
+summary and in every row of `autopar bench accuracy`.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Mapping, Sequence
+
+#: The trainer's phases each measured part of a step sums; the overhead is the rest of the step.
+PHASES_OF = {"compute": ("fwd", "bwd"), "transfer": ("exchange", "grad exchange"), "synchronization": ("sync",),
+             "optimizer": ("optimizer step",)}
+
+#: One rank's steps: (seconds, the runtime's phase seconds) per step.
+RankSteps = Sequence[tuple[float, Mapping[str, float]]]
+
+
+def rank_parts(steps: RankSteps) -> dict[str, float]:
+    """One rank's parts: each the median over its steps of the phases it sums.  The overhead is
+    the median over steps of the rest of each step (the step less its spans): the median step
+    less the parts' medians would count the parts' spread as overhead, since the medians of
+    skewed parts do not add up to the median of their sum (a user's tagger under model
+    parallelism: 2.6-2.9 ms that way, 1.0-1.1 ms between the spans of its steps, 2026-11-27)."""
+    if not steps:
+        raise ValueError("rank_parts: no steps to split")
+    out = {p: statistics.median(sum(ph[n] for n in names) for _, ph in steps) for p, names in PHASES_OF.items()}
+    out["overhead"] = statistics.median(max(0.0, t - sum(ph[n] for names in PHASES_OF.values() for n in names))
+                                        for t, ph in steps)
+    return out
+
+
+def measured_parts(per_rank: Sequence[RankSteps]) -> tuple[int, dict[str, float]]:
+    """(rank, parts) of the rank with the most compute and optimizer time: the rule the simulated
+    side picks its device by (`planner.sim.step_parts`), since the slowest rank of a pipeline is
+    often the one that waits."""
+    parts = [rank_parts(r) for r in per_rank]
+    rank = max(range(len(parts)), key=lambda r: parts[r]["compute"] + parts[r]["optimizer"])
+    return rank, parts[rank]
+
+
+def busiest_device(per_device: Mapping[int, Mapping[str, float]]) -> int:
+    """The simulated device with the most compute and optimizer time (`planner.sim.step_parts`)."""
+    return max(per_device, key=lambda d: per_device[d]["compute"] + per_device[d]["optimizer"])
+
+
+def furthest_off(simulated: Mapping[str, float], measured: Mapping[str, float]) -> str:
+    """The part whose simulated seconds are furthest from the measured ones, e.g. ``"transfer
+    under by 2.2 ms"``."""
+    gaps = {k: simulated[k] - measured[k] for k in simulated}
+    k = max(gaps, key=lambda p: abs(gaps[p]))
+    return f"{k} {'over' if gaps[k] > 0 else 'under'} by {abs(gaps[k]) * 1e3:.1f} ms"
