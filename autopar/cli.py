@@ -147,8 +147,8 @@ def _build_parser(command: str | None = None) -> argparse.ArgumentParser:
                                     "ranks, or runs as one rank under torchrun (RANK, WORLD_SIZE, LOCAL_RANK, "
                                     "MASTER_ADDR, MASTER_PORT). Prints per-step time and loss, and a summary "
                                     "with the median measured step time beside the plan's predicted one and, on "
-                                    "CPU ranks for a plan it simulated, both split into compute, transfer, "
-                                    "synchronization, optimizer and overhead, with the part furthest off.")
+                                    "CPU ranks, both split into compute, transfer, synchronization, optimizer and "
+                                    "overhead, with the part furthest off.")
     add_model_args(tr, topology=False)
     if command in (None, "train"):    # autopar.trainer imports torch: not for `autopar operator run`
         from autopar.trainer import add_train_args

@@ -119,9 +119,15 @@ class Job:
     strategy: Strategy
     predicted: float | None = None
     predicted_note: str = ""
-    #: The simulated step's parts on its busiest device (`planner.sim.step_parts`), where the
-    #: step was simulated for this run (not for a plan file's recorded prediction).
+    #: The simulated step's parts on its busiest device (`planner.sim.step_parts`); for a plan
+    #: file, only where simulating it again gives the step it records (`PLAN_FILE_PARTS_TOLERANCE`).
     predicted_parts: dict[str, float] | None = None
+
+
+#: A plan file records its predicted step and not its parts; they are simulated again for the
+#: run and reported where that simulation gives the recorded step within this relative tolerance
+#: (the same profile cache: the simulation is deterministic).
+PLAN_FILE_PARTS_TOLERANCE = 0.005
 
 
 def prepare(cfg: TrainConfig, world: int, check: bool = True) -> Job:
@@ -137,10 +143,14 @@ def prepare(cfg: TrainConfig, world: int, check: bool = True) -> Job:
     if check:
         check_plan(graph, strategy, world, spec.module)
     predicted, note = _plan_file_prediction(cfg.strategy)
-    parts = None
+    simulated, sim_note, parts = predict(graph, topology, strategy, cfg)
     if predicted is None:
-        predicted, note, parts = predict(graph, topology, strategy, cfg)
+        predicted, note = simulated, sim_note
+    elif simulated is None or abs(simulated / predicted - 1.0) > PLAN_FILE_PARTS_TOLERANCE:
+        # The plan file's number came from another profile: these parts would not add up to it.
+        parts = None
     return Job(cfg, spec, graph, strategy, predicted, note, parts)
+
 
 
 def _plan_file_prediction(strategy: Any) -> tuple[float | None, str]:

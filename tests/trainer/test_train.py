@@ -66,6 +66,24 @@ def test_a_simulated_plan_reports_its_parts_beside_the_measured_ones():
     assert f"furthest off: {summary['furthest_off']}" in text
 
 
+def test_a_plan_files_recorded_step_gets_its_parts_where_simulating_it_again_agrees(tmp_path):
+    """A plan file records its predicted step, not its parts: they are simulated again for the
+    run, and reported where that gives the recorded step (the same profile cache), so the README's
+    round trip through `autopar plan --out` shows where its prediction was off."""
+    from autopar.trainer import train as train_mod
+    from autopar.trainer.optim import OptimizerConfig
+    graph = import_spec(get_model("lenet", **LENET))
+    plan = model_parallel(graph, 2).renamed("mine")
+    cfg = train_mod.TrainConfig(model="lenet", optimizer=OptimizerConfig("sgd", lr=0.01), log=False)
+    simulated, _, parts = train_mod.predict(graph, get_preset("local:2"), plan, cfg)
+    path = tmp_path / "plan.yaml"
+    save_plan(plan, path, graph, get_preset("local:2"), predicted_step_s=simulated)
+    summary = train_main(model="lenet", model_options=LENET, strategy=str(path), nproc=2, steps=3, log=False)
+    assert summary["predicted_step_s"] == simulated and "plan file" in summary["prediction"]
+    assert summary["predicted_parts_s"] == parts and summary["furthest_off"]
+    assert "furthest off" in format_summary(summary)
+
+
 def test_a_plan_file_for_another_topology_is_refused_before_training(tmp_path):
     with pytest.raises(PlanFileError, match="topology fingerprint differs"):
         train_main(model="lenet", model_options=LENET, strategy=str(_plan_file(tmp_path, "local:4")), nproc=2,
