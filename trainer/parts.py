@@ -39,13 +39,13 @@ def measured_parts(per_rank: Sequence[RankSteps]) -> tuple[int, dict[str, float]
     """(rank, parts) of the rank with the most compute and optimizer time: the rule the simulated
     side picks its device by (`planner.sim.step_parts`), since the slowest rank of a pipeline is
     often the one that waits."""
-    parts = [rank_parts(r) for r in per_rank]
-    rank = max(range(len(parts)), key=lambda r: parts[r]["compute"] + parts[r]["optimizer"])
+    parts = dict(enumerate(rank_parts(r) for r in per_rank))
+    rank = busiest_device(parts)
     return rank, parts[rank]
 
 
 def busiest_device(per_device: Mapping[int, Mapping[str, float]]) -> int:
-    """The simulated device with the most compute and optimizer time (`planner.sim.step_parts`)."""
+    """The device (or rank) with the most compute and optimizer time, of parts per device."""
     return max(per_device, key=lambda d: per_device[d]["compute"] + per_device[d]["optimizer"])
 
 
