@@ -301,12 +301,13 @@ def format_report(doc: dict[str, Any]) -> str:
                   + (f", ±{100 * doc['measured_cv']:.1f} %" if doc.get("measured_cv") is not None else ""))
         lines.append(f"  measured    {_ms(doc['measured_step_s'])} per step (median; {spread}); "
                      f"final loss {doc['final_loss']:.4f}")
-        lines.append(f"  prediction  error {100 * doc['prediction_error']:+.1f} % (simulated / measured - 1)")
+        lines.append(f"  prediction  error {100 * doc['prediction_error']:+.1f} % (simulated / measured - 1)"
+                     + (f"; furthest off: {doc['furthest_off']}" if doc.get("furthest_off") else ""))
     if doc.get("data_parallel_measured_step_s"):
-        err = doc.get("data_parallel_prediction_error")
-        lines.append(f"  compare     data parallelism measured {_ms(doc['data_parallel_measured_step_s'])}"
-                     + (f" (prediction error {100 * err:+.1f} %)" if err is not None else "")
-                     + f": the plan is {doc['measured_speedup']:.2f}× faster, measured")
+        err, off = doc.get("data_parallel_prediction_error"), doc.get("data_parallel_furthest_off")
+        why = "" if err is None else f" (prediction error {100 * err:+.1f} %" + (f"; furthest off: {off}" if off else "") + ")"
+        lines.append(f"  compare     data parallelism measured {_ms(doc['data_parallel_measured_step_s'])}{why}"
+                     f": the plan is {doc['measured_speedup']:.2f}× faster, measured")
     for note in doc.get("notes") or []:
         lines.append(f"  note        {note}")
     if doc.get("stopped_at_step"):

@@ -331,6 +331,10 @@ def report(prepared: Prepared, topology: DeviceTopology, outcome: PlanOutcome, t
         "measured_cv": trained.get("measured_cv") if trained else None,
         "measured_p10_s": _quantile(trained, 0.1), "measured_p90_s": _quantile(trained, 0.9),
         "prediction_error": (outcome.predicted_step_s / measured - 1.0) if measured else None,
+        # where the prediction was off: the step's parts on the busiest rank (`autopar train`)
+        "predicted_parts_s": trained.get("predicted_parts_s") if trained else None,
+        "measured_parts_s": trained.get("measured_parts_s") if trained else None,
+        "furthest_off": trained.get("furthest_off") if trained else None,
         "steps": trained.get("steps") if trained else None,
         "stopped_at_step": trained.get("stopped_at_step") if trained else None,
         "resumed_from_step": trained.get("resumed_from_step") if trained else None,
@@ -346,6 +350,7 @@ def report(prepared: Prepared, topology: DeviceTopology, outcome: PlanOutcome, t
         doc["data_parallel_prediction_error"] = (outcome.data_parallel_step_s / dp - 1.0
                                                  if dp and outcome.data_parallel_step_s else None)
         doc["measured_speedup"] = dp / measured if dp and measured else None
+        doc["data_parallel_furthest_off"] = compare.get("furthest_off")
     doc["files"] = dict(files or {})
     doc["seconds"] = dict(seconds or {})
     return doc

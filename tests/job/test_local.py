@@ -16,6 +16,8 @@ import pytest
 import torch
 import yaml
 
+from autopar.planner.sim import STEP_PARTS
+
 ROOT = Path(__file__).resolve().parents[2]
 AUTOPAR = [sys.executable, "-m", "autopar.cli"]
 
@@ -74,6 +76,10 @@ def test_the_human_report(tmp_path):
     assert text.startswith("tiny: lenet on local:2 (2 worker processes) — Succeeded")
     assert "simulated" in text and "measured" in text and "prediction  error" in text
     assert "run         run/" in text and "plan.yaml" in text
+    # where the prediction was off: the trainer simulated the plan file again and split both steps
+    doc = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert set(doc["predicted_parts_s"]) == set(doc["measured_parts_s"]) == set(STEP_PARTS)
+    assert doc["furthest_off"] and f"; furthest off: {doc['furthest_off']}" in text
 
 
 @pytest.mark.parametrize("edit,message", [

@@ -111,8 +111,17 @@ def test_report_numbers(tmp_path):
                                    search_seconds=0.1)
     trained = {"measured_step_s": 0.1, "measured_cv": 0.05, "step_seconds": [0.5, 0.1, 0.2, 0.09, 0.11, 0.1],
                "traced_steps": [3], "steps": 6, "final_loss": 1.0, "checkpoints": ["c"], "resumed_from_step": None}
-    doc = pipeline.report(prepared, topology, outcome, trained, compare={"measured_step_s": 0.12})
+    trained.update(predicted_parts_s={"compute": 0.08}, measured_parts_s={"compute": 0.09},
+                   furthest_off="compute under by 10.0 ms")
+    doc = pipeline.report(prepared, topology, outcome, trained,
+                          compare={"measured_step_s": 0.12, "furthest_off": "transfer under by 2.0 ms"})
     assert doc["prediction_error"] == pytest.approx(-0.1)
+    assert doc["furthest_off"] == "compute under by 10.0 ms" and doc["measured_parts_s"] == {"compute": 0.09}
+    assert doc["data_parallel_furthest_off"] == "transfer under by 2.0 ms"
+    from autopar.job.local import format_report
+    text = format_report(dict(doc, final_loss=1.0))
+    assert "error -10.0 % (simulated / measured - 1); furthest off: compute under by 10.0 ms" in text
+    assert "(prediction error -25.0 %; furthest off: transfer under by 2.0 ms): the plan is 1.20× faster" in text
     assert doc["measured_speedup"] == pytest.approx(1.2)
     assert doc["data_parallel_prediction_error"] == pytest.approx(0.09 / 0.12 - 1)
     # quantiles leave out the first step and the traced one: 0.1, 0.09, 0.11, 0.1
