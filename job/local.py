@@ -305,7 +305,8 @@ def format_report(doc: dict[str, Any]) -> str:
                      + (f"; furthest off: {doc['furthest_off']}" if doc.get("furthest_off") else ""))
     if doc.get("data_parallel_measured_step_s"):
         err, off = doc.get("data_parallel_prediction_error"), doc.get("data_parallel_furthest_off")
-        why = "" if err is None else f" (prediction error {100 * err:+.1f} %" + (f"; furthest off: {off}" if off else "") + ")"
+        why = "" if err is None else (f" (prediction error {100 * err:+.1f} %"
+                                      + (f"; furthest off: {off}" if off else "") + ")")
         lines.append(f"  compare     data parallelism measured {_ms(doc['data_parallel_measured_step_s'])}{why}"
                      f": the plan is {doc['measured_speedup']:.2f}× faster, measured")
     for note in doc.get("notes") or []:

@@ -69,7 +69,7 @@ from .comm import ProcessGroups
 from .errors import PlanRefusedError
 from .launch import run_local
 from .optim import OptimizerConfig
-from .parts import busiest_device, furthest_off, measured_parts
+from .parts import furthest_off, measured_parts, simulate_parts
 from .session import Trainer
 from .train import Job, TrainConfig
 from .validate import check_plan
@@ -136,20 +136,6 @@ def strategies(graph, topology, cost, module, settings: dict, log: Callable[[str
         k += 1
         out[f"random-{k}"] = _random_plan(graph, topology, rng, module).renamed(f"random-{k}")
     return out
-
-
-# -- simulation ------------------------------------------------------------------------------------
-
-def simulate_parts(builder, strategy) -> tuple[float, dict[str, float], int]:
-    """The simulated step, its parts (`planner.sim.STEP_PARTS`: compute, transfer,
-    synchronization, optimizer, overhead) on its busiest device, the one with the most compute
-    and optimizer time (`planner.sim.step_parts`), and that device's simulated peak memory in
-    bytes."""
-    from autopar.planner.sim import simulate_strategy, step_parts
-    res, tl, tg = simulate_strategy(builder, strategy)
-    per_dev = step_parts(builder, tg, tl)
-    dev = busiest_device(per_dev)
-    return res.step_time, per_dev[dev], res.peak_memory.get(dev, 0)
 
 
 # -- measurement (runs in the ranks) -----------------------------------------------------------------

@@ -159,9 +159,9 @@ class own_gloo_call:
     preempt the running thread); after it they are ordinary threads again, which pass a message on
     as soon as it arrives.  Where `track_gloo_loops` found none (no /proc, no such policy, not
     gloo) it changes nothing.  (In ``SCHED_BATCH`` for good, a rank that computed on after
-    sending held its message until it next waited.)  With the ranks on their own cores (`bind_to_own_cores`) an exchange of
-    16 KiB each way after 0.35 ms of compute took 0.10 ms on average instead of 0.71, and of 1 MiB
-    0.58 ms instead of 1.34.
+    sending held its message until it next waited.)  With the ranks on their own cores
+    (`bind_to_own_cores`) an exchange of 16 KiB each way after 0.35 ms of compute took 0.10 ms on
+    average instead of 0.71, and of 1 MiB 0.58 ms instead of 1.34.
     """
 
     def __enter__(self) -> "own_gloo_call":

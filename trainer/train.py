@@ -47,7 +47,7 @@ from .launch import (DEFAULT_TIMEOUT, check_gpus, init_from_env, pick_backend, r
                      under_torchrun)
 from .metrics import StepMetrics, median_step
 from .optim import STATE_KEYS, OptimizerConfig
-from .parts import busiest_device, furthest_off, measured_parts
+from .parts import furthest_off, measured_parts, simulate_parts
 from .session import Trainer
 from .sync import DEFAULT_BUCKET_BYTES
 from .trace import StepTracer
@@ -187,7 +187,7 @@ def predict(graph: OperatorGraph, topology, strategy: Strategy,
             cfg: TrainConfig) -> tuple[float | None, str, dict[str, float] | None]:
     """The simulator's step time for the plan (profile cache where measured, roofline elsewhere),
     how it was obtained, and the simulated step's parts on its busiest device
-    (`planner.sim.step_parts`, `trainer.parts.busiest_device`)."""
+    (`trainer.parts.simulate_parts`)."""
     if (cfg.topology is None and any(d.kind.lower().startswith("cpu") for d in topology.devices)
             and pick_backend(cfg.device)[1] == "cuda"):
         # local:N describes CPU worker ranks; a prediction for it says nothing about these GPUs
@@ -198,16 +198,12 @@ def predict(graph: OperatorGraph, topology, strategy: Strategy,
         from pathlib import Path
 
         from autopar.planner.cost import CostModel, ProfileCache, default_cache_path
-        from autopar.planner.sim import TaskGraphBuilder, simulate_strategy, step_parts
+        from autopar.planner.sim import TaskGraphBuilder
         path = Path(cfg.profile_cache) if cfg.profile_cache else default_cache_path()
         cost = CostModel(ProfileCache.load(path)).bind(graph)
         builder = TaskGraphBuilder(graph, topology, cost, cfg.optimizer.name)
-        res, tl, tg = simulate_strategy(builder, strategy)
-        parts = None
-        if builder.runtime is not None:     # the trainer's model: its tasks are the runtime's phases
-            per_device = step_parts(builder, tg, tl)
-            parts = per_device[busiest_device(per_device)]
-        return res.step_time, f"simulated on {topology.name}", parts
+        seconds, parts, _ = simulate_parts(builder, strategy)
+        return seconds, f"simulated on {topology.name}", parts
     except Exception as e:  # noqa: BLE001 - a prediction is informative; training does not need it
         return None, f"no prediction: {type(e).__name__}: {e}", None
 
