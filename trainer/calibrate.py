@@ -126,6 +126,11 @@ is: run it when nothing else competes for the cores.  `calibrate(world)` measure
    (`one_way_latencies`), give ``p2p_oneway`` (`in_step_curve`): 0.12 ms at 2 KiB, 0.23 ms at
    128 KiB, 0.35 ms at 512 KiB and 0.94 ms at 2 MiB here, what a transformer's one-way messages
    took in its model-parallel steps (128 KiB 0.18-0.24 ms, 256 KiB 0.24-0.36 ms).
+   The two-way chain's timestamps also say how much the ranks' arrivals at an exchange vary
+   from step to step (`arrival_noise`): the variance two ranks' offset gains per second each
+   runs (``jitter``) and the variance it has as they leave an exchange (``leave_var``), by size;
+   the one-way chain's, the variance of a one-way message's latency (``latency_var``).  The
+   simulator prices each wait as its mean under that noise (`planner.sim.waits`).
 
 7. **Messages of one exchange** (``message_serial_s``, `message_serial`): ranks 0 and 1 compute
    for 1 ms, then exchange one piece each way, or two, in one `exchange_many` call, 600 times
@@ -172,6 +177,7 @@ good enough for tests, too noisy for planning.
 from __future__ import annotations
 
 import contextlib
+from collections import defaultdict
 import datetime as _dt
 import math
 import os
@@ -889,6 +895,9 @@ def calibrate(world: int, *, quick: bool = False, progress: Callable[[str], None
         say(f"one-way messages inside training steps (the chain's ops on ranks 0 and 1 in turn, "
             f"{len(IN_SITU_BATCHES)} message sizes)")
         one_way = run_local(_in_situ_rank, world, (cfg, True))
+        jitter, latency_var, leave_var, noise = arrival_noise(in_situ, one_way)
+        cal = replace(cal, jitter=jitter, latency_var=latency_var, leave_var=leave_var)
+        details["arrival_noise"] = noise
         cal, fit = fit_exchange_latency(cal, world, cfg, in_situ, wire=p2p_median, one_way=one_way)
         details["in_situ"] = fit
         say(f"messages of one exchange on {world} ranks (one and two each way)")
@@ -1158,6 +1167,68 @@ def message_latencies(per_rank: list[dict[str, list]]) -> tuple[list[float], flo
     return samples, statistics.median(sizes)
 
 
+def spread(xs: Sequence[float]) -> float:
+    """The variance of the Gaussian with the interquartile range of `xs` (``(IQR / 1.349)^2``); 0
+    for fewer than two values.  The latencies' variances in the arrival noise are measured this
+    way: their tails (stalls of 2-3 ms) are already in the mean latencies the simulator adds, and
+    a Gaussian with their variance overprices the typical wait.  Given each exchange's measured arrivals, the
+    tagger's model-parallel steps waited 5.6 ms a step beyond the waits between mean arrivals;
+    Gaussians with the arrivals' variances say 8.3 ms, with their interquartile ranges 4.6 ms."""
+    if len(xs) < 2:
+        return 0.0
+    q1, _, q3 = statistics.quantiles(xs, n=4, method="inclusive")
+    return ((q3 - q1) / 1.349) ** 2
+
+
+def arrival_noise(runs: list[dict[int, dict[str, list]]],
+                  one_way: list[dict[int, dict[str, list]]]) -> tuple[float, Curve, Curve, dict]:
+    """How ranks' arrivals at an exchange vary, from the in-situ workloads' runs (per rank, per
+    batch; `_in_situ_rank`): ``(jitter, latency_var, leave_var, details)`` for
+    `RuntimeCalibration`.
+
+    In the two-way chain (`runs`) ranks 0 and 1 make the same exchange calls in the same order.
+    For each call k after the first, D is the moment rank 1 entered it less the moment rank 0
+    did, X the same for leaving call k - 1, and T the seconds both ranks ran between the two
+    calls.  Across steps, D varies more than X by what the ranks' programs added in between:
+    ``jitter`` is the sum of those variances' differences over the sum of T (seconds squared
+    per second of a program; 0 where the differences sum below 0).  ``leave_var`` is X's
+    variance at each batch's message size (the mean over the calls), ``latency_var`` the
+    variance of the one-way chain's latencies (`one_way`, `one_way_latencies`) at each of its
+    sizes; both made monotone.  These two are the interquartile ranges' variances (`spread`):
+    their tails are the latencies', which are in the mean latencies already.  D's and X's in
+    ``jitter`` are plain variances: what
+    makes D vary more than X is mostly rare delays (a rank preempted for a scheduler tick) whose
+    chance grows with the time run, which an interquartile range over 0.1-1 ms between
+    exchanges misses and a real model's 1-9 ms between exchanges does not."""
+    extra = spent = 0.0
+    leave, per_batch = [], []
+    for batch in sorted(runs[0]):
+        steps = [r[batch]["calls"] for r in runs[:2]]
+        enter, left, ran = defaultdict(list), defaultdict(list), defaultdict(list)
+        for a, b in zip(*steps):
+            for k in range(1, min(len(a), len(b))):
+                enter[k].append(b[k][0] - a[k][0])
+                left[k].append(b[k - 1][1] - a[k - 1][1])
+                ran[k].append(a[k][0] - a[k - 1][1] + b[k][0] - b[k - 1][1])
+        calls = [k for k in enter if len(enter[k]) > 1]
+        y = sum(statistics.pvariance(enter[k]) - statistics.pvariance(left[k]) for k in calls)
+        t = sum(statistics.fmean(ran[k]) for k in calls)
+        extra, spent = extra + y, spent + t
+        _, size = message_latencies([r[batch] for r in runs])
+        x = statistics.fmean(spread(left[k]) for k in calls) if calls else 0.0
+        leave.append((size, x))
+        per_batch.append({"batch": batch, "message_bytes": size, "leave_sd_s": x ** 0.5,
+                          "between_s": t / max(1, len(calls)), "jitter": y / t if t > 0 else 0.0})
+    latency = []
+    for batch in sorted(one_way[0]):
+        samples, size = one_way_latencies([r[batch] for r in one_way])
+        latency.append((size, spread(samples)))
+    jitter = max(0.0, extra / spent) if spent > 0 else 0.0
+    details = {"jitter": jitter, "per_batch": per_batch,
+               "one_way_latency_sd_s": [[size, var ** 0.5] for size, var in latency]}
+    return jitter, Curve.fit(latency), Curve.fit(leave), details
+
+
 def one_way_latencies(per_rank: list[dict[str, list]]) -> tuple[list[float], float]:
     """Latencies of the one-way in-situ workload's messages (`in_situ_job` with ``one_way``), and
     the bytes of one message: ranks 0 and 1 make the same exchange calls in the same order, and in
@@ -1273,7 +1344,8 @@ def summary(cal: RuntimeCalibration) -> dict[str, Any]:
     """The numbers `autopar profile` prints: p2p at 4 B and 1 MiB (and one way at 1 MiB), all-reduce
     at 1 MiB among all ranks, the overheads (microseconds; ``bwd_call_us``: an unfused op's own backward call;
     posting a receive; issuing a 4 MiB all-reduce), the optimizer coefficients and the staging of
-    a 1 MiB message."""
+    a 1 MiB message, and the arrival noise (the standard deviation ``jitter`` gives a program over
+    1 ms, and those of the noise curves at 64 KiB; None where not measured)."""
     us = 1e6
     return {"world": cal.world, "source": cal.source,
             "p2p_4B_us": cal.p2p(4) * us, "p2p_1MiB_us": cal.p2p(1 << 20) * us,
@@ -1287,6 +1359,13 @@ def summary(cal: RuntimeCalibration) -> dict[str, Any]:
             "staging_1MiB_us": {name: cal.staging_time(k, 1 << 20) * us for k, name in enumerate(STAGING_PARTS)}
                                if cal.staging else None,
             "draw_1Mi_elements_us": {name: (t + e * (1 << 20)) * us for name, t, e in cal.draw} or None,
+            "arrival_noise": ({"jitter_sd_1ms_us": (cal.jitter * 1e-3) ** 0.5 * us,
+                               "oneway_latency_sd_64KiB_us": (cal.latency_var(64 << 10) ** 0.5 * us
+                                                              if cal.latency_var is not None else None),
+                               "leave_sd_64KiB_us": (cal.leave_var(64 << 10) ** 0.5 * us
+                                                     if cal.leave_var is not None else None)}
+                              if cal.jitter > 0 or cal.latency_var is not None or cal.leave_var is not None
+                              else None),
             "not_measured": list(dict(cal.details).get("not_measured", [])),
             "date": dict(cal.details).get("date")}
 
@@ -1313,4 +1392,14 @@ def summary_line(cal: RuntimeCalibration) -> str:
                if s["staging_1MiB_us"] else "")
             + ("; drawing a batch of 1 Mi elements " + ", ".join(f"{name} {v:.0f} us"
                                                                 for name, v in s["draw_1Mi_elements_us"].items())
-               if s["draw_1Mi_elements_us"] else ""))
+               if s["draw_1Mi_elements_us"] else "")
+            + (_noise_words(s["arrival_noise"]) if s["arrival_noise"] else ""))
+
+
+def _noise_words(noise: dict[str, Any]) -> str:
+    words = [f"a rank's arrival drifts {noise['jitter_sd_1ms_us']:.0f} us (sd) per ms it runs"]
+    if noise["oneway_latency_sd_64KiB_us"] is not None:
+        words.append(f"one-way latency sd {noise['oneway_latency_sd_64KiB_us']:.0f} us at 64 KiB")
+    if noise["leave_sd_64KiB_us"] is not None:
+        words.append(f"ranks leaving an exchange {noise['leave_sd_64KiB_us']:.0f} us apart (sd) at 64 KiB")
+    return "; arrival noise: " + ", ".join(words)

@@ -48,6 +48,13 @@ keeps it beside the op times.  The simulator reads it when it models the trainer
   one core here: an AlexNet batch of 32 images of 3 x 63 x 63 took 2.2 ms of every step, on every
   rank.  A GPU rank draws on its device.  Training on a dataset file (``--data``) indexes the
   batch instead, a copy of the same elements, which the simulator still prices as a draw.
+* **Arrival noise** (``jitter``, ``latency_var``, ``leave_var``) — how much the moment a rank
+  reaches an exchange varies from step to step: the variance (s^2) the offset between two ranks'
+  programs gains per second each of them runs since they last met; the variance of a one-way
+  message's latency inside steps, by its bytes; and the variance of the offset two ranks leave a
+  two-way exchange with, by its messages' bytes (`planner.sim.waits`: a step pays the mean of
+  each wait, which is longer than the wait between mean arrivals).  Measured on the in-situ
+  chains' exchanges; 0 and None where not measured (the simulator then times mean arrivals).
 * ``comm_uses_cores`` — whether communication's work (the backend's threads copying, reducing,
   driving sockets) runs on the cores the ranks compute on: true on CPU ranks when the machine has
   fewer than two cores per rank.  The simulator then charges a transfer to its endpoints' time.
@@ -159,8 +166,9 @@ class Curve:
 #: too (`planner.cost.profiler._Interloper`).  5: gloo ranks bound to their own cores, and gloo's
 #: network threads kept from preempting a rank inside its own gloo calls (`trainer.launch`).
 #: 6: all-reduces timed with gloo's network threads yielding, as the trainer now waits for them.
-#: 7: drawing a step's synthetic batch (``draw``).
-CALIBRATION_METHOD = 7
+#: 7: drawing a step's synthetic batch (``draw``).  8: how ranks' arrivals at an exchange vary
+#: (``jitter``, ``latency_var``, ``leave_var``).
+CALIBRATION_METHOD = 8
 
 
 @dataclass(frozen=True)
@@ -186,6 +194,9 @@ class RuntimeCalibration:
     issue: Curve | None = None                     # issuing a bucket's all-reduce, by its bytes
     p2p_oneway: Curve | None = None                # a message whose exchange sends nothing back
     draw: tuple[tuple[str, float, float], ...] = ()   # (float/int, seconds per tensor, per element)
+    jitter: float = 0.0                            # variance (s^2) a rank's program gains per second
+    latency_var: Curve | None = None               # variance (s^2) of a one-way message's latency, by bytes
+    leave_var: Curve | None = None                 # variance (s^2) of two ranks' offset leaving an exchange
     method: int = CALIBRATION_METHOD               # how it was measured (`CALIBRATION_METHOD`)
     details: tuple[tuple[str, Any], ...] = field(default=(), compare=False)
 
@@ -268,6 +279,9 @@ class RuntimeCalibration:
                 **({"issue": self.issue.to_json()} if self.issue is not None else {}),
                 **({"p2p_oneway": self.p2p_oneway.to_json()} if self.p2p_oneway is not None else {}),
                 "draw": {name: {"tensor_s": t, "element_s": e} for name, t, e in self.draw},
+                "jitter": self.jitter,
+                **({"latency_var": self.latency_var.to_json()} if self.latency_var is not None else {}),
+                **({"leave_var": self.leave_var.to_json()} if self.leave_var is not None else {}),
                 "source": self.source, "details": dict(self.details)}
 
     @classmethod
@@ -289,6 +303,9 @@ class RuntimeCalibration:
                        p2p_oneway=Curve.from_json(doc["p2p_oneway"]) if doc.get("p2p_oneway") else None,
                        draw=tuple(sorted((str(k), float(v["tensor_s"]), float(v["element_s"]))
                                          for k, v in dict(doc.get("draw") or {}).items())),
+                       jitter=float(doc.get("jitter", 0.0)),
+                       latency_var=Curve.from_json(doc["latency_var"]) if doc.get("latency_var") else None,
+                       leave_var=Curve.from_json(doc["leave_var"]) if doc.get("leave_var") else None,
                        details=tuple(sorted(dict(doc.get("details") or {}).items())))
         except (KeyError, TypeError, ValueError) as e:
             raise CostModelError(f"runtime calibration {doc.get('product', '?')}/{doc.get('backend', '?')}: "

@@ -3,13 +3,16 @@ that survives the profile cache, and the optimizer fit recovers known coefficien
 
 from __future__ import annotations
 
+import statistics
+
 import pytest
 
 from autopar.planner.cost import Curve, ProfileCache
 from autopar.planner.cost.calibration import CALIBRATION_METHOD, STAGING_PARTS, RuntimeCalibration
-from autopar.trainer.calibrate import (IN_SITU_BATCHES, QUICK_SIZES, calibrate, fit_draw, fit_intercept, fit_optimizer,
+from autopar.trainer.calibrate import (IN_SITU_BATCHES, QUICK_SIZES, arrival_noise, calibrate, fit_draw, fit_intercept,
+                                      fit_optimizer,
                                       in_situ_job, issue_curve, message_latencies, message_serial,
-                                      one_way_latencies, receive_posting, staging_curves)
+                                      one_way_latencies, receive_posting, spread, staging_curves)
 
 
 def _monotone_positive(points) -> bool:
@@ -69,6 +72,11 @@ def test_a_quick_calibration_of_two_ranks_is_complete_and_round_trips(tmp_path):
         assert cal.p2p_oneway(p["message_bytes"]) == pytest.approx(
             Curve.fit((q["message_bytes"], q["mean_s"]) for q in one_way)(p["message_bytes"]), rel=1e-9)
     assert fit["predicted_step_s"] > 0 and fit["measured_step_s"] > 0
+    # How the ranks' arrivals vary was measured on the same chain's exchanges.
+    noise = details["arrival_noise"]
+    assert cal.jitter == noise["jitter"] >= 0 and cal.latency_var is not None and cal.leave_var is not None
+    assert [p["batch"] for p in noise["per_batch"]] == sorted(IN_SITU_BATCHES)
+    assert all(y >= 0 for c in (cal.latency_var, cal.leave_var) for _, y in c.points)
     batches = details["message_batches"]
     assert cal.message_serial_s == batches["message_serial_s"] >= 0 and batches["one_each_way_s"] > 0
     # Staging was timed in the runtime's own steps: placing 1 MiB costs more than placing 1 KiB.
@@ -145,6 +153,42 @@ def test_message_latencies_pair_the_ranks_calls():
     assert samples == pytest.approx([0.3, 0.2, 0.25]) and size == 64
     with pytest.raises(ValueError):
         message_latencies([rank0, {"times": [0.01], "calls": [[(1.2, 1.4, 64)]]}])
+
+
+def test_arrival_noise_is_what_the_ranks_add_to_their_offset_between_exchanges_per_second():
+    """Rank 1 enters call 1 of each step 0.2 ms before or after rank 0, having left call 0 at
+    the same moment and run 1 ms: the offset's variance grew by (0.2 ms)^2 over 2 ms run by the
+    two ranks.  It leaves call 1 as far from rank 0 as it entered it.  The variances of leaving
+    and of the one-way latencies are `spread`s (a Gaussian's with the same interquartile
+    range)."""
+    def run(shift):
+        steps0 = [[(0.0, 1e-3, 0), (2e-3, 3e-3, 0)] for _ in shift]
+        steps1 = [[(0.0, 1e-3, 0), (2e-3 + x, 3e-3 + x, 64)] for x in shift]
+        return [{"times": [0.01] * len(shift), "calls": steps0}, {"times": [0.01] * len(shift), "calls": steps1}]
+    r0, r1 = run([2e-4, -2e-4] * 5)
+    o0 = {"times": [0.01] * 3, "calls": [[(0.0, 1e-4, 0)], [(0.0, 1e-4, 0)], [(0.0, 1e-4, 0)]]}
+    o1 = {"times": [0.01] * 3, "calls": [[(5e-5, 2e-4, 128)], [(5e-5, 3e-4, 128)], [(5e-5, 5e-4, 128)]]}
+    jitter, latency_var, leave_var, details = arrival_noise([{4: r0}, {4: r1}], [{8: o0}, {8: o1}])
+    assert jitter == pytest.approx((2e-4) ** 2 / 2e-3, rel=1e-6)
+    assert leave_var(64) == 0.0                      # call 0: both left at 1 ms in every step
+    samples, size = one_way_latencies([o0, o1])
+    assert size == 128 and latency_var(128) > 0 and latency_var(128) == pytest.approx(spread(samples), rel=1e-9)
+    assert details["jitter"] == jitter and details["per_batch"][0]["batch"] == 4
+    # Leaving as far apart as they arrive adds nothing: no negative jitter.
+    r0, r1 = run([0.0] * 10)
+    assert arrival_noise([{4: r0}, {4: r1}], [{8: o0}, {8: o1}])[0] == 0.0
+
+
+def test_spread_is_the_variance_of_the_gaussian_with_the_same_interquartile_range():
+    import random
+    rng = random.Random(3)
+    xs = [rng.gauss(0.0, 2e-4) for _ in range(20_000)]
+    assert spread(xs) == pytest.approx(4e-8, rel=0.05)
+    # A rare stall of 3 ms moves the variance, not the spread.
+    stalled = xs + [3e-3] * 200
+    assert statistics.pvariance(stalled) > 2 * statistics.pvariance(xs)
+    assert spread(stalled) == pytest.approx(spread(xs), rel=0.05)
+    assert spread([1.0]) == 0.0
 
 
 def test_one_way_latencies_run_from_the_senders_entry_to_the_receivers_return():

@@ -46,7 +46,9 @@ def test_a_curve_refuses_decreasing_points():
 def test_the_profile_cache_keeps_calibrations_across_a_save(tmp_path):
     cache = ProfileCache(path=tmp_path / "p.json")
     from dataclasses import replace
-    cal = replace(default_calibration("CPU-core", "gloo", 2), wire=Curve.fit([(0, 0.0), (1 << 20, 2e-4)]))
+    cal = replace(default_calibration("CPU-core", "gloo", 2), wire=Curve.fit([(0, 0.0), (1 << 20, 2e-4)]),
+                  jitter=7e-5, latency_var=Curve.fit([(1 << 10, 1e-9), (1 << 20, 4e-8)]),
+                  leave_var=Curve.fit([(1 << 10, 1e-8), (1 << 20, 2e-6)]))
     cache.put_calibration(cal)
     cache.put_calibration(default_calibration("CPU-core", "gloo", 4))        # no wire curve
     cache.save()
@@ -57,6 +59,9 @@ def test_the_profile_cache_keeps_calibrations_across_a_save(tmp_path):
     assert got.allreduce_time(1 << 20, 2) == cal.allreduce[0][1](1 << 20)
     assert got.optimizer_time("sgd", 2, 1e6) == pytest.approx(2 * 15e-6 + 1e6 * 0.55e-9)
     assert got.optimizer_time("lamb", 2, 1e6) is None
+    assert got.jitter == 7e-5 and got.leave_var(1 << 20) == 2e-6 and got.latency_var(1 << 10) == 1e-9
+    default = again.calibration("CPU-core", "gloo", 4)      # the arrival noise: not measured
+    assert (default.jitter, default.latency_var, default.leave_var) == (0.0, None, None)
 
 
 def test_a_calibration_with_a_missing_field_names_it():
