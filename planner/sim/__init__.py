@@ -8,6 +8,7 @@
   reference) and `DeltaSimulator` (Algorithm 2), which re-times only what a change touches and
   gives exactly the timeline full simulation gives (sec. 5.2, 5.3);
 * `evaluate` — `simulate_strategy`: build, time and sum up one strategy;
+* `waits` — each wait of the trainer's step at its mean when the ranks' arrivals vary;
 * `memory` — peak memory per device;
 * `gc_regime` — keeping Python's cyclic collector off the 10^5 containers a search holds;
 * `trace` — a simulated step as Chrome trace-event JSON (Perfetto), beside the trainer's.
@@ -25,8 +26,9 @@ from .simulator import DeltaSimulator, TaskGraph, TaskInfo, Timeline, simulate
 from .taskgraph import OPTIMIZER_STATES, DeltaSession, TaskGraphBuilder, Transfer
 from .trace import device_process_name, simulated_trace
 from .trainer_model import STEP_PARTS, requires_grad, step_parts, trainer_calibration
+from .waits import has_arrival_noise
 
 __all__ = ["DEFAULT_BUCKET_BYTES", "MIN_TASK_SECONDS", "OPTIMIZER_STATES", "STEP_PARTS", "SyncBucket", "plan_buckets", "DeltaSession", "DeltaSimulator", "SimulationResult", "TaskGraph",
            "TaskGraphBuilder", "TaskInfo", "Timeline", "Transfer", "check_fits", "device_process_name", "frozen_heap",
-           "gc_paused", "peak_memory", "refreeze", "requires_grad", "simulate", "simulate_strategy", "simulated_trace",
+           "gc_paused", "has_arrival_noise", "peak_memory", "refreeze", "requires_grad", "simulate", "simulate_strategy", "simulated_trace",
            "step_parts", "summarize", "trainer_calibration"]

@@ -3,7 +3,8 @@
 `simulate_strategy` is the full simulation every command reports (FlexFlow sec. 5.2): the task
 graph of `taskgraph`, timed by `simulator`, with the peak memory of `memory`.  It sits above all
 three, so that peak memory can read the builder's holdings and transfers without the builder
-depending on it.
+depending on it.  Where the builder models the trainer with a calibration that measured how the
+ranks' arrivals vary, each wait is then priced at its mean (`waits`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from ..ir.strategy import Strategy
 from .memory import peak_memory
 from .simulator import TaskGraph, Timeline, simulate
 from .taskgraph import TaskGraphBuilder
+from .waits import has_arrival_noise, with_mean_waits
 
 
 @dataclass(frozen=True)
@@ -30,9 +32,12 @@ class SimulationResult:
 
 
 def simulate_strategy(builder: TaskGraphBuilder, strategy: Strategy) -> tuple[SimulationResult, Timeline, TaskGraph]:
-    """Full simulation (Algorithm 1): build the task graph and time it from scratch."""
+    """Full simulation (Algorithm 1): build the task graph and time it from scratch; with the
+    trainer's arrival noise calibrated, every wait at its mean (`waits.with_mean_waits`)."""
     tg = builder.build(strategy)
     tl = simulate(tg)
+    if has_arrival_noise(builder):
+        tl = with_mean_waits(builder, tg, tl, simulate)
     return summarize(builder, strategy, tg, tl, peak_memory(builder, strategy)), tl, tg
 
 

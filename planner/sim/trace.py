@@ -21,7 +21,9 @@ Layout, chosen to line up with the measured trace the trainer writes (one proces
 
 Times are microseconds from the start of the step (the format's unit).  Every event carries its
 task key, kind and bytes in ``args``.  Barrier tasks (the simulator's 1 ns joins of a ring) are
-left out.
+left out, except where a wait barrier holds what the ranks' arrival noise adds to a wait
+(`planner.sim.waits`): that shows on the device's thread 2, "mean waits", as ``mean wait <op>``
+(``mean grad wait <op>`` in the backward pass).
 """
 
 from __future__ import annotations
@@ -31,11 +33,13 @@ from typing import Any
 from ..hardware.topology import DeviceTopology
 from ..ir.graph import OperatorGraph
 from .simulator import TaskGraph, Timeline
+from ._plans import MIN_TASK_SECONDS
 from .trainer_model import _CHAIN_BASE
 
 _LINKS_PID = 1 << 20
 #: A GPU's thread for its host's tasks (thread 0 is its kernels' stream).
 _HOST_TID = 1
+_WAIT_TID = 2
 
 
 def device_process_name(topology: DeviceTopology, device: int) -> str:
@@ -77,6 +81,7 @@ def simulated_trace(graph: OperatorGraph, topology: DeviceTopology, timeline: Ti
     events: list[dict[str, Any]] = []
     used_links: set[int] = set()
     hosts: set[int] = set()
+    waited: set[int] = set()
     for r in timeline.resources():
         host = _CHAIN_BASE <= r < _CHAIN_BASE + n
         if r < n:
@@ -90,6 +95,12 @@ def simulated_trace(graph: OperatorGraph, topology: DeviceTopology, timeline: Ti
         for key, start, end in timeline.spans(r):
             info = task_graph.task(key)
             if info.kind == "barrier":
+                if host and end - start > 2 * MIN_TASK_SECONDS and len(key) == 5 and key[4] == 1:
+                    op = graph.ops[key[1] if key[0] == 0 else len(graph.ops) - key[1]].name
+                    waited.add(pid)
+                    events.append({"name": f"mean {'wait' if key[0] == 0 else 'grad wait'} {op}", "cat": "wait",
+                                   "ph": "X", "pid": pid, "tid": _WAIT_TID, "ts": start * 1e6,
+                                   "dur": (end - start) * 1e6, "args": {"key": list(key)}})
                 continue
             if pid == _LINKS_PID:
                 used_links.add(tid)
@@ -108,6 +119,8 @@ def simulated_trace(graph: OperatorGraph, topology: DeviceTopology, timeline: Ti
                      "args": {"name": "kernels" if d in hosts else "compute"}})
         if d in hosts:
             meta.append({"name": "thread_name", "ph": "M", "pid": d, "tid": _HOST_TID, "args": {"name": "host"}})
+        if d in waited:
+            meta.append({"name": "thread_name", "ph": "M", "pid": d, "tid": _WAIT_TID, "args": {"name": "mean waits"}})
     if used_links:
         meta.append({"name": "process_name", "ph": "M", "pid": _LINKS_PID, "args": {"name": "links"}})
         meta.append({"name": "process_sort_index", "ph": "M", "pid": _LINKS_PID, "args": {"sort_index": n}})

@@ -615,8 +615,10 @@ def step_parts(b, tg, tl) -> dict[int, dict[str, float]]:
     out: dict[int, dict[str, float]] = {}
     for d in range(b.num_devices):
         part = dict.fromkeys(STEP_PARTS, 0.0)
-        waits = [(tl.end[arrive(i, d)], tl.start[inputs_in(i, d)]) for i in range(n)]
-        waits += [(tl.end[grads_out(n, i, d)], tl.start[grads_in(n, i, d)]) for i in range(n)]
+        # A wait ends where its barrier does, less the barrier's own nanosecond: the barrier
+        # holds the part of a wait the ranks' arrival noise adds (`planner.sim.waits`).
+        waits = [(tl.end[arrive(i, d)], tl.end[inputs_in(i, d)] - MIN_TASK_SECONDS) for i in range(n)]
+        waits += [(tl.end[grads_out(n, i, d)], tl.end[grads_in(n, i, d)] - MIN_TASK_SECONDS) for i in range(n)]
         part["transfer"] = sum(e - s for s, e in waits)
         end_backward = tl.end[back_arrive(n, -1, d)]
         part["synchronization"] = tl.start[sync_wait(d)] - end_backward

@@ -155,3 +155,24 @@ def test_a_new_users_first_simulate_then_plan_succeeds(tmp_path):
                              cwd=tmp_path)
         assert run.returncode == 0, f"autopar {args[0]}: {run.stderr[-3000:]}"
     assert (tmp_path / "plan.yaml").exists()
+
+
+def test_with_arrival_noise_every_candidate_is_compared_as_a_full_simulation_reports_it():
+    """The chains rank plans on mean arrivals (delta simulation); the candidates the plan is chosen
+    from are each timed with their waits at their means, as every command reports a step."""
+    from autopar.planner.cost import Curve, ProfileCache
+    from autopar.planner.cost.calibration import default_calibration
+    graph = rnn()
+    topo = get_preset("local:2")
+    flat = Curve.fit([(1, 1e-7), (1 << 30, 1e-7)])
+    cache = ProfileCache()
+    cache.put_calibration(replace(default_calibration("CPU-core", "gloo", 2), jitter=2e-4, latency_var=flat,
+                                  leave_var=flat))
+    cost = CostModel(cache)
+    r = plan(graph, topo, cost, budget_s=1e9, placement_budget_s=1e9, max_proposals=20, seed=1)
+    builder = TaskGraphBuilder(graph, topo, cost)
+    assert builder.runtime.jitter == 2e-4
+    for name, c in r.candidates.items():
+        if c.strategy is not None and c.step_time is not None and name != "mcmc":
+            assert c.step_time == simulate_strategy(builder, c.strategy)[0].step_time, name
+    assert r.step_time == simulate_strategy(builder, r.strategy)[0].step_time
