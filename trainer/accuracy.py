@@ -364,6 +364,29 @@ def _row_diagnosis(measured_s: float, measured_parts: dict[str, float], sims: di
             "simulated_llc_s": llc_s, "error_llc": llc_s / measured_s - 1.0, "compute_cache_share": share}
 
 
+def _mean_arrivals(builder, plans: dict[str, Any]) -> dict[str, float]:
+    """Each plan's step simulated with every wait priced between mean arrivals, as before the
+    arrival noise was modelled (`planner.sim.waits`); {} where the calibration has none."""
+    from dataclasses import replace
+
+    from autopar.planner.sim import TaskGraphBuilder, has_arrival_noise, simulate_strategy
+    if not has_arrival_noise(builder):
+        return {}
+    plain = TaskGraphBuilder(builder.graph, builder.topology, builder.cost, _OPT.name,
+                             runtime=replace(builder.runtime, jitter=0.0, latency_var=None))
+    return {name: simulate_strategy(plain, s)[0].step_time for name, s in plans.items()}
+
+
+def mean_arrival_totals(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The rows' errors had each wait been priced between mean arrivals (``simulated_mean_arrivals_s``),
+    reported beside the model's; None where no row has it."""
+    rows = [r for r in rows if "simulated_mean_arrivals_s" in r]
+    if not rows:
+        return None
+    return {"about": "every wait priced between the ranks' mean arrivals, without the arrival noise",
+            **_error_stats([r["simulated_mean_arrivals_s"] / r["measured_s"] - 1.0 for r in rows])}
+
+
 def diagnosis_totals(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The totals of the rows' ``diagnosis`` (`_diagnose`), reported, never applied: the errors the
     rows would have with the profile taken after the steps and with the last-level-evicted one,
@@ -463,6 +486,7 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
             chosen = strategies(graph, topology, cost, spec.module, cfg, log)
             builder = TaskGraphBuilder(graph, topology, cost, _OPT.name)
             simulated = {name: simulate_parts(builder, s) for name, s in chosen.items()}
+            mean_arrivals = _mean_arrivals(builder, chosen)
             # A plan two strategies share trains once (module docstring, 4.).
             first: dict[tuple, str] = {}
             same = {name: first.setdefault(s.configs, name) for name, s in chosen.items()}
@@ -490,6 +514,8 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
                 if same[name] != name:
                     row["same_plan_as"] = same[name]
                 row["off"] = furthest_off(sparts, mparts)
+                if mean_arrivals:
+                    row["simulated_mean_arrivals_s"] = mean_arrivals[name]
                 row["peak_memory_bytes"] = peak
                 if diagnosed:
                     row["diagnosis"] = _row_diagnosis(med, mparts,
@@ -504,6 +530,7 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
            "warmup_steps": cfg["warmup"], "measured_steps": cfg["steps"], "search_budget_s": cfg["search_budget_s"],
            "models": [{"model": m, "options": o} for m, o in models], "rows": rows, **totals(rows),
            "diagnosis": diagnosis_totals(rows),
+           "mean_arrivals": mean_arrival_totals(rows),
            "machine_speed": {"probe": "median seconds of a fixed one-thread compute-bound and memory-bound "
                                       "workload (`speed_probe`), before and after each model's profile and its "
                                       "steps; reported, never applied",

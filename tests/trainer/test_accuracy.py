@@ -100,6 +100,11 @@ def test_a_small_accuracy_run_reports_every_row_and_the_totals():
         assert r["peak_memory_bytes"] > 0
         assert d["simulated_after_steps_s"] > 0 and d["simulated_llc_s"] > 0
         assert d["error_llc"] == pytest.approx(d["simulated_llc_s"] / r["measured_s"] - 1)
+    # The quick calibration measured the arrival noise: every row is reported with its waits
+    # priced between mean arrivals too, never longer than with the noise.
+    assert doc["mean_arrivals"]["max_abs_error"] >= doc["mean_arrivals"]["median_abs_error"] >= 0
+    for r in doc["rows"]:
+        assert 0 < r["simulated_mean_arrivals_s"] <= r["simulated_s"] * (1 + 1e-9)
     diag = doc["diagnosis"]
     assert diag["llc_evicted"]["max_abs_error"] >= diag["llc_evicted"]["median_abs_error"] >= 0
     assert diag["profile_after_steps"]["max_change"] >= diag["profile_after_steps"]["median_change"] >= 0
