@@ -95,8 +95,9 @@ def mean_waits(b, tg, tl) -> dict[tuple, float]:
 
     Offsets are tracked per pair of ranks, from 0 as the step begins: a pair's variance grows by
     both programs' ``jitter`` as they run, and a wait of one for the other sets it to the variance
-    of the offset they leave with.  A wait for messages from several ranks leaves the pairs with
-    the others as they were."""
+    of the offset they leave with.  The messages from one rank wait on one program: the latest
+    of them stands for all.  A wait for messages from several ranks leaves the pairs with the
+    others as they were."""
     rt = b.runtime
     lat, leave = rt.latency_var, rt.leave_var
     n = b.num_ops
@@ -119,20 +120,18 @@ def mean_waits(b, tg, tl) -> dict[tuple, float]:
         if not messages:
             continue
         a = max(tl.end[p] for p in own)
-        ones, meets = [], []        # arrivals relative to `a`: (mean, variance), and after
-        peers = set()
+        # The messages from one peer all wait on its program: the latest of them stands for it.
+        latest: dict[int, tuple] = {}
         for m, r in messages.items():
             senders = [p for p in tg.preds(m + (-1,)) if len(p) == 5 and p[2] in (-1, 2) and p[4] == 0]
             theirs = [p for p in senders if p[3] != d]
-            if not theirs:
-                continue
-            q = theirs[0]
-            s = tl.end[q]
-            pair = pairs.setdefault((min(d, q[3]), max(d, q[3])), _Pair(rt.jitter))
-            peers.add(q[3])
-            v = pair.at(min(a, s))
+            if theirs and (theirs[0][3] not in latest or r > latest[theirs[0][3]][1]):
+                latest[theirs[0][3]] = (m, r, tl.end[theirs[0]], len(theirs) < len(senders))
+        ones, meets = [], []        # arrivals relative to `a`: (mean, variance, the pair's after)
+        for q, (m, r, s, meet) in latest.items():
+            v = pairs.setdefault((min(d, q), max(d, q)), _Pair(rt.jitter)).at(min(a, s))
             nbytes = tg.task(m + (0,)).nbytes if m + (0,) in tg else 0.0
-            if len(theirs) < len(senders):     # it leaves once both programs are there
+            if meet:                           # it leaves once both programs are there
                 vx = leave(nbytes) if leave is not None else 0.0
                 both, vb = clark_max(0.0, 0.0, s - a, v)
                 meets.append((both + r - max(a, s), vb + vx / 2, vx))
@@ -148,9 +147,9 @@ def mean_waits(b, tg, tl) -> dict[tuple, float]:
         for am, av, _ in arrivals[1:] if meets else arrivals:
             mean, var = clark_max(mean, var, am, av)
         out[w] = max(0.0, a + mean - start)
-        if len(peers) == 1:
-            q = peers.pop()
-            pairs[(min(d, q), max(d, q))].reset(start, max(x[2] for x in arrivals))
+        if len(latest) == 1:
+            q = next(iter(latest))
+            pairs[(min(d, q), max(d, q))].reset(start, arrivals[0][2])
     return out
 
 
