@@ -47,7 +47,10 @@ each model is profiled twice more, once as before and once with the last-level c
 before every call (`planner.cost.cache_evictor`), and every row is simulated with both.  The
 first says how far the machine's own speed moved the profile while the steps ran; the second
 bounds what the ops cost when their data comes from memory, and a row's ``compute_cache_share``
-says where its measured compute lies between the two -- reported, never applied.
+says where its measured compute lies between the two -- reported, never applied.  And
+``mean_arrivals``: where the calibration measured the ranks' arrival noise, every row's step
+simulated with each wait priced between mean arrivals too (``simulated_mean_arrivals_s``), as
+before the noise was modelled (`planner.sim.waits`), and those errors' totals.
 """
 
 from __future__ import annotations

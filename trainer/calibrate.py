@@ -1171,9 +1171,10 @@ def spread(xs: Sequence[float]) -> float:
     """The variance of the Gaussian with the interquartile range of `xs` (``(IQR / 1.349)^2``); 0
     for fewer than two values.  The latencies' variances in the arrival noise are measured this
     way: their tails (stalls of 2-3 ms) are already in the mean latencies the simulator adds, and
-    a Gaussian with their variance overprices the typical wait.  Given each exchange's measured arrivals, the
-    tagger's model-parallel steps waited 5.6 ms a step beyond the waits between mean arrivals;
-    Gaussians with the arrivals' variances say 8.3 ms, with their interquartile ranges 4.6 ms."""
+    a Gaussian with their variance overprices the typical wait.  (The same holds of a model's
+    own arrivals: given each exchange's measured arrivals, the tagger's model-parallel steps
+    waited 5.6 ms a step, the two ranks together, beyond the waits between mean arrivals;
+    Gaussians with the arrivals' variances say 8.3 ms, with their interquartile ranges' 4.6 ms.)"""
     if len(xs) < 2:
         return 0.0
     q1, _, q3 = statistics.quantiles(xs, n=4, method="inclusive")
