@@ -370,13 +370,11 @@ def _row_diagnosis(measured_s: float, measured_parts: dict[str, float], sims: di
 def _mean_arrivals(builder, plans: dict[str, Any]) -> dict[str, float]:
     """Each plan's step simulated with every wait priced between mean arrivals, as before the
     arrival noise was modelled (`planner.sim.waits`); {} where the calibration has none."""
-    from dataclasses import replace
-
     from autopar.planner.sim import TaskGraphBuilder, has_arrival_noise, simulate_strategy
     if not has_arrival_noise(builder):
         return {}
     plain = TaskGraphBuilder(builder.graph, builder.topology, builder.cost, _OPT.name,
-                             runtime=replace(builder.runtime, jitter=0.0, latency_var=None))
+                             runtime=builder.runtime.without_arrival_noise())
     return {name: simulate_strategy(plain, s)[0].step_time for name, s in plans.items()}
 
 

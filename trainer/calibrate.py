@@ -177,12 +177,12 @@ good enough for tests, too noisy for planning.
 from __future__ import annotations
 
 import contextlib
-from collections import defaultdict
 import datetime as _dt
 import math
 import os
 import statistics
 import time
+from collections import defaultdict
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Sequence
 
@@ -1365,8 +1365,7 @@ def summary(cal: RuntimeCalibration) -> dict[str, Any]:
                                                               if cal.latency_var is not None else None),
                                "leave_sd_64KiB_us": (cal.leave_var(64 << 10) ** 0.5 * us
                                                      if cal.leave_var is not None else None)}
-                              if cal.jitter > 0 or cal.latency_var is not None or cal.leave_var is not None
-                              else None),
+                              if cal.measures_arrival_noise else None),
             "not_measured": list(dict(cal.details).get("not_measured", [])),
             "date": dict(cal.details).get("date")}
 

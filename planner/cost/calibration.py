@@ -72,7 +72,7 @@ from __future__ import annotations
 import bisect
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping
 
 from ..errors import CostModelError
@@ -199,6 +199,15 @@ class RuntimeCalibration:
     leave_var: Curve | None = None                 # variance (s^2) of two ranks' offset leaving an exchange
     method: int = CALIBRATION_METHOD               # how it was measured (`CALIBRATION_METHOD`)
     details: tuple[tuple[str, Any], ...] = field(default=(), compare=False)
+
+    @property
+    def measures_arrival_noise(self) -> bool:
+        """Whether the arrival noise (``jitter``, ``latency_var``, ``leave_var``) was measured."""
+        return self.jitter > 0 or self.latency_var is not None or self.leave_var is not None
+
+    def without_arrival_noise(self) -> "RuntimeCalibration":
+        """This calibration with no arrival noise: the simulator then times mean arrivals."""
+        return replace(self, jitter=0.0, latency_var=None, leave_var=None)
 
     def wire_time(self, nbytes: float) -> float:
         """Seconds a message of `nbytes` holds the link (``wire``; without it, the point-to-point

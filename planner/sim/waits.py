@@ -62,7 +62,7 @@ def clark_max(m1: float, v1: float, m2: float, v2: float) -> tuple[float, float]
 def has_arrival_noise(builder) -> bool:
     """Whether `builder` models the trainer with a calibration that measured arrival noise."""
     rt = getattr(builder, "runtime", None)
-    return rt is not None and (rt.jitter > 0 or rt.latency_var is not None or rt.leave_var is not None)
+    return rt is not None and rt.measures_arrival_noise
 
 
 def _is_data(key: tuple) -> bool:

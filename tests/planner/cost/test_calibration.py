@@ -98,3 +98,13 @@ def test_drawing_a_synthetic_tensor_costs_its_kind_per_tensor_and_per_element(tm
     doc = cal.to_json()
     del doc["draw"]                                                      # a file from before it was measured
     assert RuntimeCalibration.from_json(doc).draw == ()
+
+
+def test_without_arrival_noise_drops_every_part_of_it():
+    from dataclasses import replace
+    cal = default_calibration("CPU-core", "gloo", 2)
+    assert not cal.measures_arrival_noise
+    for noise in ({"jitter": 1e-5}, {"latency_var": Curve.fit([(1, 1e-9)])}, {"leave_var": Curve.fit([(1, 1e-9)])}):
+        noisy = replace(cal, **noise)
+        assert noisy.measures_arrival_noise and not noisy.without_arrival_noise().measures_arrival_noise
+        assert noisy.without_arrival_noise() == cal
