@@ -501,7 +501,9 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
             t0 = time.perf_counter()
             report = profile_local([model], workers=WORLD, options=options, cache=cache,
                                    repeats=cfg["profile_repeats"], warmup=2)
-            log(f"  profiled {len(report.measured)} task shapes in {time.perf_counter() - t0:.0f} s")
+            speedup = report.solo_speedup()
+            log(f"  profiled {len(report.measured)} task shapes in {time.perf_counter() - t0:.0f} s"
+                + ("" if speedup is None else f"; alone they ran {speedup:.2f}x as fast as all at once"))
             probes.append(speed_probe())
             cost = CostModel(cache).bind(graph)
             chosen = strategies(graph, topology, cost, spec.module, cfg, log)

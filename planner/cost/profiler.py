@@ -50,8 +50,8 @@ shared cache while one measures; the stored time is the median over the workers 
 Then each task is timed once more per pass by one worker while the others wait at a barrier, the
 worker taking turns pass by pass (``solo``, `_profile_worker`): a rank whose peers wait for it
 runs its ops faster than with all of them computing (on this machine, 2026-11-27, rnnlm's tasks
-1.5x faster by the median, alexnet's about as fast), and which of the two a step's task sees
-depends on the plan (`planner.sim.contention`).
+1.16x as fast, summed), and which of the two a step's task sees depends on the plan
+(`planner.sim.contention`).
 The workers come from a fork server (a process that traced a model with fake tensors and ran a
 backward pass cannot be forked safely) and import the model themselves by name.  ``workers=1``,
 ``concurrent=False`` and CUDA devices measure in the calling process; on the CPU it too keeps

@@ -3,12 +3,12 @@
 `autopar profile` times every task on the CPU twice (`planner.cost.profiler`): with every worker
 running it at once, in lockstep, as the ranks of a data-parallel step run each op, and with the
 other workers idle (the entry's ``solo`` times).  On the ranks' machine the two differ: the cores
-share the last-level cache, the memory bandwidth and the clock budget, and rnnlm's tasks ran 1.5x
-faster alone by the median (alexnet's convolutions about as fast; docs/simulation.md,
-"Fifteenth round").  Which of the two a step's task sees depends on the plan: in a
-model-parallel or pipelined plan one rank often computes while the other waits for its message
-(sleeping in gloo), and its ops run at their solo speed.  Priced all at the all-busy speed, such
-plans came out 26-35 % too slow in compute where data parallelism was right (rnnlm, 2026-11-27).
+share the last-level cache and the memory bandwidth, and rnnlm's tasks ran 1.16x as fast alone,
+summed (docs/simulation.md, "Fifteenth round").  Which of the two a step's task sees depends on
+the plan: in a pipelined plan one rank often computes while the other waits for its message
+(sleeping in gloo), and its ops run at their solo speed.  In rnnlm's expert plan, whose ranks
+take turns, the forward ops ran at 0.6-0.8 of their all-busy profile inside steps (their solo
+profile says 0.87-0.88; warm caches make the rest: consecutive cells share their weights).
 
 So each forward and backward task whose profile has both times runs at
 ``busy - (busy - solo) * (1 - f)``, with ``f`` the share of its span during which another rank of
