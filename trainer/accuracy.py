@@ -267,13 +267,24 @@ def residual(rows: list[dict[str, Any]], fit_models: int = 2) -> dict[str, Any] 
 #: The memory part of `speed_probe`: a buffer larger than the last-level caches of the machines
 #: it runs on (32 MiB here), so that each pass goes to memory.
 PROBE_MEMORY_BYTES = 64 << 20
+#: The most the cache part of `speed_probe` passes over (half the last-level cache, up to this).
+PROBE_CACHE_CAP_BYTES = 32 << 20
 
 
 def speed_probe(repeats: int = 7) -> dict[str, float]:
     """How fast this machine runs at this moment, in one thread of this process: the median
     seconds of a fixed compute-bound workload (matrix products and elementwise ops on tensors
     that stay in the core's caches, about 20 ms) and of a memory-bound one (adding to every
-    element of a `PROBE_MEMORY_BYTES` buffer, a few ms), as ``compute_s`` and ``memory_s``.
+    element of a `PROBE_MEMORY_BYTES` buffer, a few ms), as ``compute_s`` and ``memory_s``; and
+    how much of the last-level cache the process has: ``cache_s``, the same pass over a buffer
+    half that cache's size (`planner.cost.last_level_cache_bytes`, at most
+    `PROBE_CACHE_CAP_BYTES`), and ``cache_over_memory``, its seconds per byte over the memory
+    pass's.  Where the cache holds the buffer between passes that ratio is low (0.34-0.42 on the
+    2-vCPU VM of 2026-11-27, with 32 MiB of L3); where other work on the machine evicts it, it
+    goes to 1.  (There the same rnnlm plans, whose profile held steady, measured 114-164 ms in
+    three benchmark runs while the compute and memory parts stayed within 5 %, and their ops
+    ran as if their data came from memory in the slow run: docs/simulation.md, "Sixteenth
+    round".)
 
     The benchmark's profile and its training steps are taken minutes apart, and a shared machine's
     speed moves in between (on a 2-core VM, 2026-11-27, one thread repeating a fixed loop took
@@ -282,12 +293,15 @@ def speed_probe(repeats: int = 7) -> dict[str, float]:
     The probe before and after each of the two phases shows that drift (``machine_speed``); it is
     reported, never applied."""
     import torch
+
+    from autopar.planner.cost import last_level_cache_bytes
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         gen = torch.Generator().manual_seed(0)
         a, x = torch.randn(256, 256, generator=gen), torch.randn(64, 512, generator=gen)
         buf = torch.zeros(PROBE_MEMORY_BYTES // 4)
+        held = torch.zeros(min(PROBE_CACHE_CAP_BYTES, last_level_cache_bytes() // 2) // 4)
 
         def compute() -> None:
             for _ in range(40):
@@ -297,8 +311,11 @@ def speed_probe(repeats: int = 7) -> dict[str, float]:
         def memory() -> None:
             buf.add_(1.0)
 
+        def cache() -> None:
+            held.add_(1.0)
+
         out = {}
-        for name, work in (("compute_s", compute), ("memory_s", memory)):
+        for name, work in (("compute_s", compute), ("memory_s", memory), ("cache_s", cache)):
             work()
             times = []
             for _ in range(repeats):
@@ -306,6 +323,7 @@ def speed_probe(repeats: int = 7) -> dict[str, float]:
                 work()
                 times.append(time.perf_counter() - t0)
             out[name] = statistics.median(times)
+        out["cache_over_memory"] = (out["cache_s"] / held.numel()) / (out["memory_s"] / buf.numel())
     finally:
         torch.set_num_threads(threads)
     return out
@@ -316,7 +334,9 @@ def _drift(probes: list[dict[str, float]]) -> dict[str, Any]:
     steps: each part's mean around the two phases and their ratio (> 1: the machine was slower
     while the steps were measured)."""
     out: dict[str, Any] = {"probes": probes}
-    for part in ("compute_s", "memory_s"):
+    for part in ("compute_s", "memory_s", "cache_s"):
+        if not all(part in p for p in probes):
+            continue
         profile = statistics.fmean(p[part] for p in probes[:2])
         steps = statistics.fmean(p[part] for p in probes[2:])
         out[part.removesuffix("_s")] = {"profile_s": profile, "steps_s": steps, "steps_over_profile": steps / profile}
@@ -503,7 +523,10 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
                                    Path(tmp), cfg, log) if cfg["diagnose"] else {})
             speed[graph.name] = drift = _drift(probes)
             log("  machine speed probe, the steps against the profile (> 1: slower): "
-                + ", ".join(f"{k} {drift[k]['steps_over_profile']:.2f}x" for k in ("compute", "memory")))
+                + ", ".join(f"{k} {drift[k]['steps_over_profile']:.2f}x" for k in ("compute", "memory", "cache"))
+                + "; a pass over half the last-level cache, per byte over one from memory (1: it held "
+                  "nothing), around the profile and the steps: "
+                + " ".join(f"{p['cache_over_memory']:.2f}" for p in probes))
             measured = {n: _measured_row([r[k] for r in per_rank]) for k, n in enumerate(unique)}
             for name in chosen:
                 med, cv, mparts = measured[same[name]]
@@ -533,8 +556,9 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
            "diagnosis": diagnosis_totals(rows),
            "mean_arrivals": mean_arrival_totals(rows),
            "machine_speed": {"probe": "median seconds of a fixed one-thread compute-bound and memory-bound "
-                                      "workload (`speed_probe`), before and after each model's profile and its "
-                                      "steps; reported, never applied",
+                                      "workload, and of a pass over half the last-level cache (`speed_probe`), "
+                                      "before and after each model's profile and its steps; reported, never "
+                                      "applied",
                              "per_model": speed},
            "wall_seconds": time.perf_counter() - t_all}
     return doc
@@ -567,7 +591,9 @@ def print_table(doc: dict[str, Any]) -> None:
     if speed:
         console.print("machine speed during the steps against the profile (probe time, > 1: slower): "
                       + ", ".join(f"{m} compute {v['compute']['steps_over_profile']:.2f}x, memory "
-                                  f"{v['memory']['steps_over_profile']:.2f}x" for m, v in speed.items()))
+                                  f"{v['memory']['steps_over_profile']:.2f}x"
+                                  + (f", last-level cache {v['cache']['steps_over_profile']:.2f}x" if "cache" in v else "")
+                                  for m, v in speed.items()))
     diag = doc.get("diagnosis")
     if diag:
         after, llc, share = diag["profile_after_steps"], diag["llc_evicted"], diag["compute_cache_share"]

@@ -110,7 +110,8 @@ def test_a_small_accuracy_run_reports_every_row_and_the_totals():
     assert diag["profile_after_steps"]["max_change"] >= diag["profile_after_steps"]["median_change"] >= 0
     speed = doc["machine_speed"]["per_model"]["lenet"]   # the probe around the profile and the steps
     assert len(speed["probes"]) == 4 and all(p["compute_s"] > 0 and p["memory_s"] > 0 for p in speed["probes"])
-    for part in ("compute", "memory"):
+    assert all(p["cache_over_memory"] > 0 for p in speed["probes"])
+    for part in ("compute", "memory", "cache"):
         assert speed[part]["steps_over_profile"] == pytest.approx(speed[part]["steps_s"] / speed[part]["profile_s"])
 
 
@@ -174,6 +175,13 @@ def test_the_drift_is_each_parts_mean_around_the_steps_over_its_mean_around_the_
     d = _drift(probes)
     assert d["compute"] == {"profile_s": 2.0, "steps_s": 4.0, "steps_over_profile": 2.0}
     assert d["memory"]["steps_over_profile"] == 0.5 and d["probes"] == probes
+    assert "cache" not in d                                  # probes from before the cache part
+
+
+def test_the_drift_has_the_last_level_cache_part_where_the_probes_do():
+    from autopar.trainer.accuracy import _drift
+    probes = [{"compute_s": 1.0, "memory_s": 1.0, "cache_s": c} for c in (0.1, 0.1, 0.3, 0.3)]
+    assert _drift(probes)["cache"]["steps_over_profile"] == pytest.approx(3.0)
 
 
 def test_the_speed_probe_times_one_thread_and_gives_the_threads_back():
@@ -182,7 +190,8 @@ def test_the_speed_probe_times_one_thread_and_gives_the_threads_back():
     torch.set_num_threads(2)
     try:
         probe = speed_probe(repeats=3)
-        assert set(probe) == {"compute_s", "memory_s"} and all(v > 0 for v in probe.values())
+        assert set(probe) == {"compute_s", "memory_s", "cache_s", "cache_over_memory"}
+        assert all(v > 0 for v in probe.values())
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
