@@ -335,8 +335,6 @@ def _drift(probes: list[dict[str, float]]) -> dict[str, Any]:
     while the steps were measured)."""
     out: dict[str, Any] = {"probes": probes}
     for part in ("compute_s", "memory_s", "cache_s"):
-        if not all(part in p for p in probes):
-            continue
         profile = statistics.fmean(p[part] for p in probes[:2])
         steps = statistics.fmean(p[part] for p in probes[2:])
         out[part.removesuffix("_s")] = {"profile_s": profile, "steps_s": steps, "steps_over_profile": steps / profile}
@@ -590,9 +588,9 @@ def print_table(doc: dict[str, Any]) -> None:
     speed = doc.get("machine_speed", {}).get("per_model")
     if speed:
         console.print("machine speed during the steps against the profile (probe time, > 1: slower): "
-                      + ", ".join(f"{m} compute {v['compute']['steps_over_profile']:.2f}x, memory "
-                                  f"{v['memory']['steps_over_profile']:.2f}x"
-                                  + (f", last-level cache {v['cache']['steps_over_profile']:.2f}x" if "cache" in v else "")
+                      + ", ".join(f"{m} " + ", ".join(f"{label} {v[part]['steps_over_profile']:.2f}x"
+                                                      for part, label in (("compute", "compute"), ("memory", "memory"),
+                                                                          ("cache", "last-level cache")) if part in v)
                                   for m, v in speed.items()))
     diag = doc.get("diagnosis")
     if diag:

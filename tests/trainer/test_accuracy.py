@@ -170,18 +170,12 @@ def test_one_cache_share_is_fitted_on_the_first_models_and_scored_on_the_others(
 
 def test_the_drift_is_each_parts_mean_around_the_steps_over_its_mean_around_the_profile():
     from autopar.trainer.accuracy import _drift
-    probes = [{"compute_s": 1.0, "memory_s": 2.0}, {"compute_s": 3.0, "memory_s": 2.0},
-              {"compute_s": 3.0, "memory_s": 1.0}, {"compute_s": 5.0, "memory_s": 1.0}]
+    probes = [{"compute_s": 1.0, "memory_s": 2.0, "cache_s": 0.1}, {"compute_s": 3.0, "memory_s": 2.0, "cache_s": 0.1},
+              {"compute_s": 3.0, "memory_s": 1.0, "cache_s": 0.3}, {"compute_s": 5.0, "memory_s": 1.0, "cache_s": 0.3}]
     d = _drift(probes)
     assert d["compute"] == {"profile_s": 2.0, "steps_s": 4.0, "steps_over_profile": 2.0}
     assert d["memory"]["steps_over_profile"] == 0.5 and d["probes"] == probes
-    assert "cache" not in d                                  # probes from before the cache part
-
-
-def test_the_drift_has_the_last_level_cache_part_where_the_probes_do():
-    from autopar.trainer.accuracy import _drift
-    probes = [{"compute_s": 1.0, "memory_s": 1.0, "cache_s": c} for c in (0.1, 0.1, 0.3, 0.3)]
-    assert _drift(probes)["cache"]["steps_over_profile"] == pytest.approx(3.0)
+    assert d["cache"]["steps_over_profile"] == pytest.approx(3.0)
 
 
 def test_the_speed_probe_times_one_thread_and_gives_the_threads_back():
