@@ -269,6 +269,8 @@ def residual(rows: list[dict[str, Any]], fit_models: int = 2) -> dict[str, Any] 
 PROBE_MEMORY_BYTES = 64 << 20
 #: The most the cache part of `speed_probe` passes over (half the last-level cache, up to this).
 PROBE_CACHE_CAP_BYTES = 32 << 20
+#: The parts `speed_probe` times (``<part>_s``), as `_drift` and the reports take them.
+PROBE_PARTS = ("compute", "memory", "cache")
 
 
 def speed_probe(repeats: int = 7) -> dict[str, float]:
@@ -315,14 +317,14 @@ def speed_probe(repeats: int = 7) -> dict[str, float]:
             held.add_(1.0)
 
         out = {}
-        for name, work in (("compute_s", compute), ("memory_s", memory), ("cache_s", cache)):
+        for part, work in zip(PROBE_PARTS, (compute, memory, cache)):
             work()
             times = []
             for _ in range(repeats):
                 t0 = time.perf_counter()
                 work()
                 times.append(time.perf_counter() - t0)
-            out[name] = statistics.median(times)
+            out[f"{part}_s"] = statistics.median(times)
         out["cache_over_memory"] = (out["cache_s"] / held.numel()) / (out["memory_s"] / buf.numel())
     finally:
         torch.set_num_threads(threads)
@@ -334,10 +336,10 @@ def _drift(probes: list[dict[str, float]]) -> dict[str, Any]:
     steps: each part's mean around the two phases and their ratio (> 1: the machine was slower
     while the steps were measured)."""
     out: dict[str, Any] = {"probes": probes}
-    for part in ("compute_s", "memory_s", "cache_s"):
-        profile = statistics.fmean(p[part] for p in probes[:2])
-        steps = statistics.fmean(p[part] for p in probes[2:])
-        out[part.removesuffix("_s")] = {"profile_s": profile, "steps_s": steps, "steps_over_profile": steps / profile}
+    for part in PROBE_PARTS:
+        profile = statistics.fmean(p[f"{part}_s"] for p in probes[:2])
+        steps = statistics.fmean(p[f"{part}_s"] for p in probes[2:])
+        out[part] = {"profile_s": profile, "steps_s": steps, "steps_over_profile": steps / profile}
     return out
 
 
@@ -521,7 +523,7 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
                                    Path(tmp), cfg, log) if cfg["diagnose"] else {})
             speed[graph.name] = drift = _drift(probes)
             log("  machine speed probe, the steps against the profile (> 1: slower): "
-                + ", ".join(f"{k} {drift[k]['steps_over_profile']:.2f}x" for k in ("compute", "memory", "cache"))
+                + ", ".join(f"{k} {drift[k]['steps_over_profile']:.2f}x" for k in PROBE_PARTS)
                 + "; a pass over half the last-level cache, per byte over one from memory (1: it held "
                   "nothing), around the profile and the steps: "
                 + " ".join(f"{p['cache_over_memory']:.2f}" for p in probes))
@@ -588,9 +590,8 @@ def print_table(doc: dict[str, Any]) -> None:
     speed = doc.get("machine_speed", {}).get("per_model")
     if speed:
         console.print("machine speed during the steps against the profile (probe time, > 1: slower): "
-                      + ", ".join(f"{m} " + ", ".join(f"{label} {v[part]['steps_over_profile']:.2f}x"
-                                                      for part, label in (("compute", "compute"), ("memory", "memory"),
-                                                                          ("cache", "last-level cache")) if part in v)
+                      + ", ".join(f"{m} " + ", ".join(f"{part} {v[part]['steps_over_profile']:.2f}x"
+                                                      for part in PROBE_PARTS)
                                   for m, v in speed.items()))
     diag = doc.get("diagnosis")
     if diag:
