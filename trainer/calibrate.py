@@ -152,8 +152,9 @@ is: run it when nothing else competes for the cores.  `calibrate(world)` measure
    simulator charges that to a message's latency and the staging to the ranks' cores, so a
    small message may count up to ``exchange_s`` twice.
 
-``comm_uses_cores`` is ``os.cpu_count() < 2 * world``: with fewer than two cores per rank, gloo's
-threads copy, reduce and drive sockets on the cores the ranks compute on.  Overheads are clamped
+``comm_uses_cores`` is ``usable_cores() < 2 * world`` (`planner.cost.usable_cores`: the cores of
+the process's affinity mask, at most its control groups' CPU quota): with fewer than two cores
+per rank, gloo's threads copy, reduce and drive sockets on the cores the ranks compute on.  Overheads are clamped
 at 0.  With ``world == 1`` nothing communicates: p2p, all-reduce and ``exchange_s`` are the
 defaults' (`default_calibration`) and ``details["not_measured"]`` says so.
 
@@ -190,7 +191,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from autopar.planner.cost import STAGING_PARTS, Curve, RuntimeCalibration, default_calibration
+from autopar.planner.cost import STAGING_PARTS, Curve, RuntimeCalibration, default_calibration, usable_cores
 
 from .errors import TrainerConfigError
 from .launch import check_gpus, own_gloo_call, rank_device, run_local, track_gloo_loops
@@ -789,7 +790,8 @@ def calibrate(world: int, *, quick: bool = False, progress: Callable[[str], None
     fallback = default_calibration(product, backend, world)
     t_all = time.perf_counter()
     details: dict[str, Any] = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-                               "torch": torch.__version__, "cpu_count": os.cpu_count(), "quick": quick,
+                               "torch": torch.__version__, "cpu_count": os.cpu_count(),
+                               "usable_cores": usable_cores(), "quick": quick,
                                "sizes": list(cfg.sizes), "threads_per_rank": None if gpu else 1,
                                "sender_busy_s": BUSY_S, "device": kind}
     not_measured = []
@@ -877,7 +879,7 @@ def calibrate(world: int, *, quick: bool = False, progress: Callable[[str], None
                              bwd_task_s=bwd_task_s, bwd_call_s=max(0.0, unfused_s - bwd_task_s),
                              exchange_s=exchange_s, p2p=p2p, allreduce=tuple(allreduce),
                              optimizer=tuple(optimizer),
-                             comm_uses_cores=not gpu and (os.cpu_count() or 1) < 2 * world, issue=issue,
+                             comm_uses_cores=not gpu and usable_cores() < 2 * world, issue=issue,
                              source="measured", wire=wire, draw=draw, details=())
 
     # 6. and 8.

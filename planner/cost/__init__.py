@@ -12,7 +12,7 @@
 The cost model reads the IR and the hardware; the simulator and the search read it.
 """
 
-from .calibration import STAGING_PARTS, Curve, RuntimeCalibration, calibration_key, default_calibration
+from .calibration import STAGING_PARTS, Curve, RuntimeCalibration, calibration_key, default_calibration, usable_cores
 from .model import AnalyticModel, CostModel, Estimate, KindClass, graph_input_shapes, kind_class
 from .profile_cache import CACHE_ENV, ProfileCache, default_cache_path, task_key
 from .profiler import (ProfileRecord, ProfileReport, bind_to_own_cores, cache_evictor, device_kind_of, engine_overhead,
@@ -22,4 +22,4 @@ __all__ = ["CACHE_ENV", "STAGING_PARTS", "AnalyticModel", "CostModel", "Curve", 
            "ProfileReport", "RuntimeCalibration", "cache_evictor", "calibration_key", "default_cache_path", "default_calibration",
            "bind_to_own_cores", "device_kind_of", "engine_overhead", "graph_input_shapes", "keep_freed_memory", "kind_class",
            "last_level_cache_bytes", "measure_task", "profile_local",
-           "profile_ops", "task_key"]
+           "profile_ops", "task_key", "usable_cores"]

@@ -73,6 +73,7 @@ import bisect
 import math
 import os
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from ..errors import CostModelError
@@ -329,6 +330,66 @@ def _staging_from_json(doc: Any) -> tuple[Curve, ...]:
     return tuple(Curve.from_json(doc[k]) for k in STAGING_PARTS)
 
 
+#: Where the kernel mounts the control groups, and where it lists this process's (`usable_cores`).
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+OWN_CGROUPS = Path("/proc/self/cgroup")
+
+
+def _cgroup_cores(root: Path, own: str) -> float | None:
+    """The CPU time, in cores, that the control groups of this process may use: the smallest
+    ``cpu.max`` quota over its cgroup v2 group and every group above it, or cgroup v1's
+    ``cpu.cfs_quota_us / cpu.cfs_period_us``.  None where no quota is set or none can be read.
+    `own` is ``/proc/self/cgroup``'s text."""
+    quotas = []
+    for line in own.splitlines():
+        hierarchy, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if hierarchy == "0" and controllers == "":            # cgroup v2
+            group = root / path.strip().lstrip("/")
+            for folder in (group, *group.parents):
+                if not folder.is_relative_to(root):
+                    break
+                try:
+                    quota, period = (folder / "cpu.max").read_text().split()[:2]
+                except (OSError, ValueError):
+                    continue
+                if quota != "max" and float(period) > 0:
+                    quotas.append(float(quota) / float(period))
+        elif "cpu" in controllers.split(","):                   # cgroup v1
+            inner = path.strip().lstrip("/")
+            for folder in (root / controllers / inner, root / controllers):
+                try:
+                    quota = float((folder / "cpu.cfs_quota_us").read_text())
+                    period = float((folder / "cpu.cfs_period_us").read_text())
+                except (OSError, ValueError):
+                    continue
+                if quota > 0 and period > 0:
+                    quotas.append(quota / period)
+                break
+    return min(quotas, default=None)
+
+
+def usable_cores(root: Path | None = None, own: Path | None = None) -> int:
+    """How many cores this process may run on: the cores of its affinity mask (a container's
+    cpuset, ``taskset``), at most the whole cores of its control groups' CPU quota (a Kubernetes
+    pod's CPU limit), at least 1.
+
+    ``os.cpu_count()`` counts the machine's cores.  In a pod limited to 2 CPUs on a 64-core node
+    it says 64, and the calibration would take gloo's threads to run beside the ranks on cores
+    of their own (``comm_uses_cores`` False) while they share the ranks' 2."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    try:
+        quota = _cgroup_cores(root or CGROUP_ROOT, (own or OWN_CGROUPS).read_text())
+    except OSError:
+        quota = None
+    if quota is not None:
+        cores = min(cores, math.floor(quota))
+    return max(1, cores)
+
+
 def calibration_key(product: str, backend: str, world: int) -> str:
     return f"{product}|{backend}|{world}"
 
@@ -337,7 +398,7 @@ def default_calibration(product: str, backend: str, world: int, cores: int | Non
     """Numbers measured on this project's development machine (2-core Xeon, gloo over loopback,
     torch 2.13, one thread per rank), for a machine where `autopar profile` has not measured them
     yet.  Only the shape is portable: calibrate (``autopar profile --topology local:N``)."""
-    cores = cores if cores is not None else (os.cpu_count() or 1)
+    cores = cores if cores is not None else usable_cores()
     # Inside steps (`autopar.trainer.calibrate`, stage 6): two ranks sending to each other, and one way.
     p2p = Curve.fit([(1 << 10, 630e-6), (16 << 10, 632e-6), (64 << 10, 875e-6), (256 << 10, 1.1e-3), (1 << 20, 1.18e-3),
                      (4 << 20, 1.85e-3), (16 << 20, 6.0e-3)])

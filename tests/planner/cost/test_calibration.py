@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autopar.planner.cost.calibration import Curve, RuntimeCalibration, default_calibration
+from autopar.planner.cost.calibration import Curve, RuntimeCalibration, default_calibration, usable_cores
 from autopar.planner.cost.profile_cache import ProfileCache
 from autopar.planner.errors import CostModelError
 
@@ -108,3 +110,50 @@ def test_without_arrival_noise_drops_every_part_of_it():
         noisy = replace(cal, **noise)
         assert noisy.measures_arrival_noise and not noisy.without_arrival_noise().measures_arrival_noise
         assert noisy.without_arrival_noise() == cal
+
+
+def _cgroups(tmp_path, files: dict[str, str], own: str):
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    (tmp_path / "own").write_text(own)
+    return tmp_path, tmp_path / "own"
+
+
+def test_usable_cores_takes_the_smallest_cgroup_v2_quota_above_the_process(tmp_path):
+    affinity = len(os.sched_getaffinity(0))
+    # A pod limited to 1.5 CPUs, inside a node slice without a limit: floor(1.5) = 1 core.
+    root, own = _cgroups(tmp_path, {"cpu.max": "max 100000\n", "kubepods/cpu.max": "max 100000\n",
+                                    "kubepods/pod1/cpu.max": "150000 100000\n"}, "0::/kubepods/pod1/c1\n")
+    assert usable_cores(root, own) == 1
+    # A limit on a group above the process's applies to it too.
+    (root / "kubepods/cpu.max").write_text("100000 100000\n")
+    (root / "kubepods/pod1/cpu.max").write_text("max 100000\n")
+    assert usable_cores(root, own) == 1
+    # No quota anywhere: the affinity mask decides; a quota above it changes nothing.
+    (root / "kubepods/cpu.max").write_text("max 100000\n")
+    assert usable_cores(root, own) == affinity
+    (root / "kubepods/pod1/cpu.max").write_text(f"{(affinity + 3) * 100000} 100000\n")
+    assert usable_cores(root, own) == affinity
+
+
+def test_usable_cores_reads_a_cgroup_v1_cpu_quota_and_ignores_what_it_cannot_read(tmp_path):
+    v1 = {"cpu,cpuacct/cpu.cfs_quota_us": "100000\n", "cpu,cpuacct/cpu.cfs_period_us": "100000\n"}
+    root, own = _cgroups(tmp_path, v1, "12:memory:/\n4:cpu,cpuacct:/\n0::/\n")
+    assert usable_cores(root, own) == 1
+    (root / "cpu,cpuacct/cpu.cfs_quota_us").write_text("-1\n")     # v1's "no limit"
+    assert usable_cores(root, own) == len(os.sched_getaffinity(0))
+    (root / "cpu,cpuacct/cpu.cfs_quota_us").write_text("garbage\n")
+    assert usable_cores(root, own) == len(os.sched_getaffinity(0))
+    assert usable_cores(root, tmp_path / "missing") == len(os.sched_getaffinity(0))
+
+
+def test_the_default_calibration_counts_a_quota_of_one_core_as_shared_with_gloo(tmp_path, monkeypatch):
+    from autopar.planner.cost import calibration
+    root, own = _cgroups(tmp_path, {"cpu.max": "100000 100000\n"}, "0::/\n")
+    monkeypatch.setattr(calibration, "CGROUP_ROOT", root)
+    monkeypatch.setattr(calibration, "OWN_CGROUPS", own)
+    assert default_calibration("CPU-core", "gloo", 1).comm_uses_cores        # 1 core < 2 per rank
+    if len(os.sched_getaffinity(0)) >= 2:
+        (root / "cpu.max").write_text("max 100000\n")
+        assert not default_calibration("CPU-core", "gloo", 1).comm_uses_cores
