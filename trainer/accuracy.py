@@ -40,7 +40,8 @@ CV, and ``searched_vs_best_measured``: the searched plan's measured time over th
 time of its model.  Apart from them, ``residual``: the one factor (measured over
 simulated) fitted on the first two models' rows, and the errors it would leave on the other
 two's -- reported, never applied.  And ``machine_speed``: a fixed workload, compute-bound and
-memory-bound (`speed_probe`), timed before and after each model's profile and its steps, so that
+memory-bound, the latter also on two cores at once (`speed_probe`), timed before and after each
+model's profile and its steps, so that
 a row's error can be read against how much the machine's own speed moved between the two --
 reported, never applied.  And ``diagnosis`` (``diagnose``, on by default): right after its steps,
 each model is profiled twice more, once as before and once with the last-level cache evicted
@@ -270,7 +271,59 @@ PROBE_MEMORY_BYTES = 64 << 20
 #: The most the cache part of `speed_probe` passes over (half the last-level cache, up to this).
 PROBE_CACHE_CAP_BYTES = 32 << 20
 #: The parts `speed_probe` times (``<part>_s``), as `_drift` and the reports take them.
-PROBE_PARTS = ("compute", "memory", "cache")
+PROBE_PARTS = ("compute", "memory", "cache", "pair")
+
+
+def _pair_pass(work: Callable[[], None], peer: Callable[[], None], repeats: int) -> float:
+    """Median seconds of `work` on the first core of this process's affinity mask while a second
+    thread runs `peer` on the second core (the first again where there is one), both released at
+    once by a barrier for every repeat, as two ranks run their ops.  Torch releases the GIL in
+    its kernels, and on Linux ``sched_setaffinity(0, ...)`` binds only the calling thread; the
+    calling thread's mask is restored afterwards."""
+    import os
+    import threading
+    cpus = sorted(os.sched_getaffinity(0))
+    start, end = threading.Barrier(2), threading.Barrier(2)
+    failed: list[BaseException] = []
+
+    def other() -> None:
+        try:
+            os.sched_setaffinity(0, {cpus[1 % len(cpus)]})
+            for _ in range(repeats + 1):
+                start.wait()
+                peer()
+                end.wait()
+        except threading.BrokenBarrierError:
+            pass
+        except BaseException as e:         # handed to the calling thread, which would wait forever
+            failed.append(e)
+            start.abort()
+            end.abort()
+
+    mask = os.sched_getaffinity(0)
+    thread = threading.Thread(target=other, name="speed-probe-peer", daemon=True)
+    thread.start()
+    times = []
+    try:
+        os.sched_setaffinity(0, {cpus[0]})
+        for i in range(repeats + 1):            # the first one warms both up
+            start.wait()
+            t0 = time.perf_counter()
+            work()
+            dt = time.perf_counter() - t0
+            end.wait()
+            if i:
+                times.append(dt)
+    except threading.BrokenBarrierError:
+        pass
+    finally:
+        start.abort()
+        end.abort()
+        thread.join()
+        os.sched_setaffinity(0, mask)
+    if failed:
+        raise failed[0]
+    return statistics.median(times)
 
 
 def speed_probe(repeats: int = 7) -> dict[str, float]:
@@ -287,6 +340,14 @@ def speed_probe(repeats: int = 7) -> dict[str, float]:
     three benchmark runs while the compute and memory parts stayed within 5 %, and their ops
     ran as if their data came from memory in the slow run: docs/simulation.md, "Sixteenth
     round".)
+
+    And how much memory bandwidth two ranks get at once: ``pair_s``, the memory pass on one core
+    while a second thread passes over a buffer of its own on another core (`_pair_pass`), and
+    ``pair_over_memory``, its time over the memory pass alone: 2 where the two cores share one
+    core's bandwidth, 1 where each has its own.  On that VM it moved between the two within
+    minutes (rounds 4 s apart: 1.5-2.4 in 83 of 95, 0.9-1.2 in 12, in runs of one to five):
+    most likely the hypervisor moves the two vCPUs between cores that share a link to memory
+    and a last-level cache and cores that do not (docs/simulation.md, "Seventeenth round").
 
     The benchmark's profile and its training steps are taken minutes apart, and a shared machine's
     speed moves in between (on a 2-core VM, 2026-11-27, one thread repeating a fixed loop took
@@ -326,6 +387,9 @@ def speed_probe(repeats: int = 7) -> dict[str, float]:
                 times.append(time.perf_counter() - t0)
             out[f"{part}_s"] = statistics.median(times)
         out["cache_over_memory"] = (out["cache_s"] / held.numel()) / (out["memory_s"] / buf.numel())
+        peer = torch.zeros_like(buf)
+        out["pair_s"] = _pair_pass(memory, lambda: peer.add_(1.0), repeats)
+        out["pair_over_memory"] = out["pair_s"] / out["memory_s"]
     finally:
         torch.set_num_threads(threads)
     return out
@@ -526,7 +590,9 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
                 + ", ".join(f"{k} {drift[k]['steps_over_profile']:.2f}x" for k in PROBE_PARTS)
                 + "; a pass over half the last-level cache, per byte over one from memory (1: it held "
                   "nothing), around the profile and the steps: "
-                + " ".join(f"{p['cache_over_memory']:.2f}" for p in probes))
+                + " ".join(f"{p['cache_over_memory']:.2f}" for p in probes)
+                + "; a pass over memory with the other core passing too, over one alone (2: they share "
+                  "one core's bandwidth): " + " ".join(f"{p['pair_over_memory']:.2f}" for p in probes))
             measured = {n: _measured_row([r[k] for r in per_rank]) for k, n in enumerate(unique)}
             for name in chosen:
                 med, cv, mparts = measured[same[name]]
@@ -556,7 +622,8 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
            "diagnosis": diagnosis_totals(rows),
            "mean_arrivals": mean_arrival_totals(rows),
            "machine_speed": {"probe": "median seconds of a fixed one-thread compute-bound and memory-bound "
-                                      "workload, and of a pass over half the last-level cache (`speed_probe`), "
+                                      "workload, of a pass over half the last-level cache, and of the memory-bound one "
+                                      "with a second core running it too (`speed_probe`), "
                                       "before and after each model's profile and its steps; reported, never "
                                       "applied",
                              "per_model": speed},

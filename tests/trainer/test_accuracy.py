@@ -7,7 +7,7 @@ import json
 import pytest
 
 from autopar.planner.sim import STEP_PARTS
-from autopar.trainer.accuracy import _measured_row, kendall_tau, run_accuracy_bench, speed_probe, totals
+from autopar.trainer.accuracy import PROBE_PARTS, _measured_row, kendall_tau, run_accuracy_bench, speed_probe, totals
 
 
 def _row(model, strategy, sim, meas, cv=0.01):
@@ -110,8 +110,8 @@ def test_a_small_accuracy_run_reports_every_row_and_the_totals():
     assert diag["profile_after_steps"]["max_change"] >= diag["profile_after_steps"]["median_change"] >= 0
     speed = doc["machine_speed"]["per_model"]["lenet"]   # the probe around the profile and the steps
     assert len(speed["probes"]) == 4 and all(p["compute_s"] > 0 and p["memory_s"] > 0 for p in speed["probes"])
-    assert all(p["cache_over_memory"] > 0 for p in speed["probes"])
-    for part in ("compute", "memory", "cache"):
+    assert all(p["cache_over_memory"] > 0 and p["pair_over_memory"] > 0 for p in speed["probes"])
+    for part in PROBE_PARTS:
         assert speed[part]["steps_over_profile"] == pytest.approx(speed[part]["steps_s"] / speed[part]["profile_s"])
 
 
@@ -170,12 +170,15 @@ def test_one_cache_share_is_fitted_on_the_first_models_and_scored_on_the_others(
 
 def test_the_drift_is_each_parts_mean_around_the_steps_over_its_mean_around_the_profile():
     from autopar.trainer.accuracy import _drift
-    probes = [{"compute_s": 1.0, "memory_s": 2.0, "cache_s": 0.1}, {"compute_s": 3.0, "memory_s": 2.0, "cache_s": 0.1},
-              {"compute_s": 3.0, "memory_s": 1.0, "cache_s": 0.3}, {"compute_s": 5.0, "memory_s": 1.0, "cache_s": 0.3}]
+    probes = [{"compute_s": 1.0, "memory_s": 2.0, "cache_s": 0.1, "pair_s": 4.0},
+              {"compute_s": 3.0, "memory_s": 2.0, "cache_s": 0.1, "pair_s": 4.0},
+              {"compute_s": 3.0, "memory_s": 1.0, "cache_s": 0.3, "pair_s": 1.0},
+              {"compute_s": 5.0, "memory_s": 1.0, "cache_s": 0.3, "pair_s": 1.0}]
     d = _drift(probes)
     assert d["compute"] == {"profile_s": 2.0, "steps_s": 4.0, "steps_over_profile": 2.0}
     assert d["memory"]["steps_over_profile"] == 0.5 and d["probes"] == probes
     assert d["cache"]["steps_over_profile"] == pytest.approx(3.0)
+    assert d["pair"]["steps_over_profile"] == 0.25
 
 
 def test_the_speed_probe_times_one_thread_and_gives_the_threads_back():
@@ -184,11 +187,45 @@ def test_the_speed_probe_times_one_thread_and_gives_the_threads_back():
     torch.set_num_threads(2)
     try:
         probe = speed_probe(repeats=3)
-        assert set(probe) == {"compute_s", "memory_s", "cache_s", "cache_over_memory"}
+        assert set(probe) == {"compute_s", "memory_s", "cache_s", "cache_over_memory", "pair_s", "pair_over_memory"}
+        assert probe["pair_over_memory"] == pytest.approx(probe["pair_s"] / probe["memory_s"])
         assert all(v > 0 for v in probe.values())
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_the_pair_pass_runs_the_peer_on_another_core_each_repeat_and_gives_the_mask_back():
+    import os
+    import threading
+    from autopar.trainer.accuracy import _pair_pass
+    mask = os.sched_getaffinity(0)
+    cpus = sorted(mask)
+    where, calls = [], []
+
+    def peer():
+        calls.append(threading.get_ident())
+        where.append(os.sched_getaffinity(0))
+
+    def work():
+        where.append(("work", os.sched_getaffinity(0)))
+    assert _pair_pass(work, peer, repeats=4) >= 0
+    assert len(calls) == 5 and threading.get_ident() not in calls        # one warm-up, 4 timed
+    assert all(w == {cpus[1 % len(cpus)]} for w in where if not isinstance(w, tuple))
+    assert all(w[1] == {cpus[0]} for w in where if isinstance(w, tuple))
+    assert os.sched_getaffinity(0) == mask
+
+
+def test_a_pair_pass_whose_peer_fails_raises_its_error_instead_of_waiting():
+    import os
+    from autopar.trainer.accuracy import _pair_pass
+    mask = os.sched_getaffinity(0)
+
+    def peer():
+        raise MemoryError("no room for the peer's buffer")
+    with pytest.raises(MemoryError, match="peer's buffer"):
+        _pair_pass(lambda: None, peer, repeats=3)
+    assert os.sched_getaffinity(0) == mask
 
 
 def test_strategies_train_in_blocks_of_consecutive_steps(monkeypatch):
