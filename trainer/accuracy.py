@@ -41,9 +41,8 @@ time of its model.  Apart from them, ``residual``: the one factor (measured over
 simulated) fitted on the first two models' rows, and the errors it would leave on the other
 two's -- reported, never applied.  And ``machine_speed``: a fixed workload, compute-bound and
 memory-bound, the latter also on two cores at once (`speed_probe`), timed before and after each
-model's profile and its steps, so that
-a row's error can be read against how much the machine's own speed moved between the two --
-reported, never applied.  And ``diagnosis`` (``diagnose``, on by default): right after its steps,
+model's profile and its steps, so that a row's error can be read against how much the machine's
+own speed moved between the two -- reported, never applied.  And ``diagnosis`` (``diagnose``, on by default): right after its steps,
 each model is profiled twice more, once as before and once with the last-level cache evicted
 before every call (`planner.cost.cache_evictor`), and every row is simulated with both.  The
 first says how far the machine's own speed moved the profile while the steps ran; the second
