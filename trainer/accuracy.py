@@ -344,7 +344,8 @@ def speed_probe(repeats: int = 7) -> dict[str, float]:
     while a second thread passes over a buffer of its own on another core (`_pair_pass`), and
     ``pair_over_memory``, its time over the memory pass alone: 2 where the two cores share one
     core's bandwidth, 1 where each has its own.  On that VM it moved between the two within
-    minutes (rounds 4 s apart: 1.5-2.4 in 83 of 95, 0.9-1.2 in 12, in runs of one to five):
+    minutes (rounds a few seconds apart: 1.24-2.36 in 83 of 95, 0.88-1.18 in 12, in runs of one
+    to four):
     most likely the hypervisor moves the two vCPUs between cores that share a link to memory
     and a last-level cache and cores that do not (docs/simulation.md, "Seventeenth round").
 
