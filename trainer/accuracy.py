@@ -42,24 +42,27 @@ simulated) fitted on the first two models' rows, and the errors it would leave o
 two's -- reported, never applied.  And ``machine_speed``: a fixed workload, compute-bound and
 memory-bound, the latter also on two cores at once (`speed_probe`), timed before and after each
 model's profile and its steps, so that a row's error can be read against how much the machine's
-own speed moved between the two -- reported, never applied.  And ``diagnosis`` (``diagnose``, on by default): right after its steps,
-each model is profiled twice more, once as before and once with the last-level cache evicted
-before every call (`planner.cost.cache_evictor`), and every row is simulated with both.  The
-first says how far the machine's own speed moved the profile while the steps ran; the second
-bounds what the ops cost when their data comes from memory, and a row's ``compute_cache_share``
-says where its measured compute lies between the two -- reported, never applied.  And
-``mean_arrivals``: where the calibration measured the ranks' arrival noise, every row's step
-simulated with each wait priced between mean arrivals too (``simulated_mean_arrivals_s``), as
-before the noise was modelled (`planner.sim.waits`), and those errors' totals.
+own speed moved between the two -- reported, never applied.  And ``diagnosis`` (``diagnose``, on
+by default): right after its steps, each model is profiled twice more, once as before and once
+with the last-level cache evicted before every call (`planner.cost.cache_evictor`), and every
+row is simulated with both.  The first says how far the machine's own speed moved the profile
+while the steps ran; the second bounds what the ops cost when their data comes from memory, and
+a row's ``compute_cache_share`` says where its measured compute lies between the two --
+reported, never applied.  And ``mean_arrivals``: where the calibration measured the ranks'
+arrival noise, every row's step simulated with each wait priced between mean arrivals too
+(``simulated_mean_arrivals_s``), as before the noise was modelled (`planner.sim.waits`), and
+those errors' totals.
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 import random
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -275,12 +278,10 @@ PROBE_PARTS = ("compute", "memory", "cache", "pair")
 
 def _pair_pass(work: Callable[[], None], peer: Callable[[], None], repeats: int) -> float:
     """Median seconds of `work` on the first core of this process's affinity mask while a second
-    thread runs `peer` on the second core (the first again where there is one), both released at
-    once by a barrier for every repeat, as two ranks run their ops.  Torch releases the GIL in
-    its kernels, and on Linux ``sched_setaffinity(0, ...)`` binds only the calling thread; the
-    calling thread's mask is restored afterwards."""
-    import os
-    import threading
+    thread runs `peer` on the second core (on the first too where there is no second), both
+    released at once by a barrier for every repeat, as two ranks run their ops.  Torch releases
+    the GIL in its kernels, and on Linux ``sched_setaffinity(0, ...)`` binds only the calling
+    thread; the calling thread's mask is restored afterwards."""
     cpus = sorted(os.sched_getaffinity(0))
     start, end = threading.Barrier(2), threading.Barrier(2)
     failed: list[BaseException] = []
@@ -294,7 +295,7 @@ def _pair_pass(work: Callable[[], None], peer: Callable[[], None], repeats: int)
                 end.wait()
         except threading.BrokenBarrierError:
             pass
-        except BaseException as e:         # handed to the calling thread, which would wait forever
+        except BaseException as e:         # to the calling thread, which would otherwise wait forever
             failed.append(e)
             start.abort()
             end.abort()
@@ -345,9 +346,9 @@ def speed_probe(repeats: int = 7) -> dict[str, float]:
     ``pair_over_memory``, its time over the memory pass alone: 2 where the two cores share one
     core's bandwidth, 1 where each has its own.  On that VM it moved between the two within
     minutes (rounds a few seconds apart: 1.24-2.36 in 83 of 95, 0.88-1.18 in 12, in runs of one
-    to four):
-    most likely the hypervisor moves the two vCPUs between cores that share a link to memory
-    and a last-level cache and cores that do not (docs/simulation.md, "Seventeenth round").
+    to four): most likely the hypervisor moves the two vCPUs between cores that share a link to
+    memory and a last-level cache and cores that do not (docs/simulation.md, "Seventeenth
+    round").
 
     The benchmark's profile and its training steps are taken minutes apart, and a shared machine's
     speed moves in between (on a 2-core VM, 2026-11-27, one thread repeating a fixed loop took
