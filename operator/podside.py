@@ -39,7 +39,7 @@ from autopar.planner.errors import AutoparError
 from autopar.planner.plan_file import read_plan
 
 from .kube import KubeClient, KubeError, resource_path
-from .resources import ANN_PLAN_HASH, plan_configmap_patch, plan_hash
+from .resources import ANN_PLAN_HASH, PROGRESS_INTERVAL_S, plan_configmap_patch, plan_hash
 from .status import progress_fields
 
 log = logging.getLogger("autopar.operator.podside")
@@ -147,7 +147,8 @@ def scrape(url: str, timeout: float = 5.0) -> Scrape:
         return parse_metrics(resp.read().decode("utf-8", "replace"))
 
 
-def report_progress(client: KubeClient, namespace: str, job: str, metrics_url: str, interval: float = 5.0,
+def report_progress(client: KubeClient, namespace: str, job: str, metrics_url: str,
+                    interval: float = PROGRESS_INTERVAL_S,
                     once: bool = False, gone_after: float = 60.0, *, stop: threading.Event | None = None,
                     clock: Callable[[], float] = time.monotonic) -> int:
     """Scrape `metrics_url` and patch job `namespace/job`'s status until the trainer stops; the

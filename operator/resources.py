@@ -50,7 +50,9 @@ Commands the pods run that `autopar` does not have yet (for the operator to add)
   the algorithms).
 
 What the trainer pods rely on in `autopar train`: ``AUTOPAR_METRICS_ADDR=0.0.0.0`` makes rank 0's
-metrics reachable through the Service; ``--checkpoint-final`` checkpoints after the last step;
+metrics reachable through the Service; ``AUTOPAR_METRICS_LINGER`` keeps them up after the last step
+until the progress sidecar has scraped it (a short job would otherwise end between two scrapes and
+its status would lack the measured step); ``--checkpoint-final`` checkpoints after the last step;
 ``--resume-if-present`` (on every restart) resumes when a checkpoint exists and starts fresh
 otherwise; SIGTERM (a pod's stop, forwarded by torchrun) stops the ranks after a step with a
 checkpoint, like Ctrl-C.  The operator must create the ServiceAccounts before the pods (admission
@@ -77,6 +79,12 @@ from autopar.planner.errors import AutoparError
 
 RDZV_PORT = 29500                     # torchrun's static rendezvous on rank 0 (Kubeflow's default)
 METRICS_PORT = 9090                   # rank 0's Prometheus metrics (`autopar train --metrics-port`)
+#: Seconds between the progress sidecar's scrapes (`autopar operator report-progress --interval`).
+PROGRESS_INTERVAL_S = 5.0
+#: How long rank 0 keeps its metrics up after the last step for the sidecar to see it (`autopar train
+#: --metrics-linger`, through $AUTOPAR_METRICS_LINGER): two of its intervals and a second, so a scrape
+#: that fails once still leaves another.
+METRICS_LINGER_S = 2 * PROGRESS_INTERVAL_S + 1
 DEFAULT_IMAGE_PULL_POLICY = "IfNotPresent"
 RUN_AS_USER = 1000
 
@@ -641,6 +649,8 @@ def trainer_pod(job: ParallelTrainingJob, uid: str, node_rank: int, node_name: s
     if rank0:
         env += [{"name": "AUTOPAR_METRICS_PORT", "value": str(metrics_port)},
                 {"name": "AUTOPAR_METRICS_ADDR", "value": "0.0.0.0"}]
+        if progress_sidecar:
+            env.append({"name": "AUTOPAR_METRICS_LINGER", "value": f"{METRICS_LINGER_S:g}"})
     mounts = [{"name": "plan", "mountPath": PLAN_DIR, "readOnly": True},
               {"name": "topology", "mountPath": TOPOLOGY_DIR, "readOnly": True},
               {"name": "checkpoints", "mountPath": ckpt.mount_path},
@@ -683,7 +693,7 @@ def trainer_pod(job: ParallelTrainingJob, uid: str, node_rank: int, node_name: s
     }
     if rank0 and progress_sidecar:
         report = ["autopar", "operator", "report-progress", "--job", job.name, "--namespace", "$(POD_NAMESPACE)",
-                  "--metrics-url", f"http://127.0.0.1:{metrics_port}/metrics"]
+                  "--metrics-url", f"http://127.0.0.1:{metrics_port}/metrics", "--interval", f"{PROGRESS_INTERVAL_S:g}"]
         pod_spec["initContainers"] = [{
             "name": "progress", "image": img, "imagePullPolicy": image_pull_policy, "restartPolicy": "Always",
             "command": report[:1], "args": report[1:], "env": _common_env(job, uid),

@@ -11,12 +11,21 @@
 ``--metrics-port P`` serves them over HTTP (``prometheus_client.start_http_server``) on
 ``--metrics-addr`` (default ``$AUTOPAR_METRICS_ADDR``, else 127.0.0.1: a pod sets 0.0.0.0 so that
 its Service reaches the port); port 0 picks a free port, which `port` reports.
+
+A run can end between two scrapes: a job of a few seconds, or the last steps of any job, would
+never be seen by whoever scrapes every few seconds (the operator's progress sidecar: 5 s), and
+the job's status would lack its measured step.  ``--metrics-linger S`` (default
+``$AUTOPAR_METRICS_LINGER``, else 0; a trainer pod with a progress sidecar sets it) keeps the
+server up after the last step until a scrape has begun after it, for at most S seconds
+(`StepMetrics.wait_scraped`).
 """
 
 from __future__ import annotations
 
 import os
 import statistics
+import threading
+import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
@@ -33,10 +42,52 @@ def default_addr() -> str:
     return os.environ.get(ADDR_ENV, "").strip() or DEFAULT_ADDR
 
 
+#: Seconds the metrics server waits after the last step for a scrape that sees it (--metrics-linger).
+LINGER_ENV = "AUTOPAR_METRICS_LINGER"
+
+
+def default_linger() -> float:
+    """``$AUTOPAR_METRICS_LINGER`` in seconds when set, else 0 (close at once).  A value that is
+    not a number of seconds >= 0 is an error that names the variable."""
+    text = os.environ.get(LINGER_ENV, "").strip()
+    if not text:
+        return 0.0
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0 or seconds == float("inf"):
+        raise ValueError(f"${LINGER_ENV}={text!r} is not a number of seconds >= 0; unset it or set e.g. 11")
+    return seconds
+
+
+class _ScrapeClock:
+    """A collector of no metrics, registered before the others: each scrape collects it first and
+    so notes how many steps had been recorded when the scrape began (every later collector of that
+    scrape reports at least those)."""
+
+    def __init__(self, recorded) -> None:
+        self._recorded = recorded
+        self.steps_seen = -1
+        self.changed = threading.Condition()
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        with self.changed:
+            self.steps_seen = self._recorded()
+            self.changed.notify_all()
+        return iter(())
+
+
 class StepMetrics:
     def __init__(self, model: str, strategy: str, predicted: float | None = None, port: int | None = None,
                  addr: str | None = None):
         self.registry = CollectorRegistry()
+        self.times: list[float] = []
+        self._scrapes = _ScrapeClock(lambda: len(self.times))
+        self.registry.register(self._scrapes)
         labels = {"model": model, "strategy": strategy}
         names = list(labels)
         self.step_seconds = Histogram("autopar_trainer_step_seconds", "measured training step time",
@@ -60,7 +111,6 @@ class StepMetrics:
             server, _thread = start_http_server(port, addr=self.addr, registry=self.registry)
             self._server = server
             self.port = server.server_address[1]
-        self.times: list[float] = []
         self.losses: list[float] = []
         self.traced: list[bool] = []
 
@@ -87,6 +137,20 @@ class StepMetrics:
             return None
         mean = statistics.fmean(times)
         return statistics.stdev(times) / mean if mean > 0 else None
+
+    def wait_scraped(self, timeout: float) -> bool:
+        """Wait until a scrape of the server has begun after the last recorded step, at most
+        `timeout` seconds; True once one has (at once when nothing serves or nothing was recorded)."""
+        if self._server is None or not self.times:
+            return True
+        deadline = time.monotonic() + timeout
+        with self._scrapes.changed:
+            while self._scrapes.steps_seen < len(self.times):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._scrapes.changed.wait(left)
+        return True
 
     def close(self) -> None:
         if self._server is not None:

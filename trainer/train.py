@@ -23,6 +23,7 @@ signal: 130 after Ctrl-C, 143 after SIGTERM).
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import os
@@ -45,7 +46,7 @@ from .comm import ProcessGroups
 from .errors import TrainerConfigError
 from .launch import (DEFAULT_TIMEOUT, check_gpus, init_from_env, pick_backend, rank_device, run_local,
                      under_torchrun)
-from .metrics import StepMetrics, median_step
+from .metrics import StepMetrics, default_linger, median_step
 from .optim import STATE_KEYS, OptimizerConfig
 from .parts import furthest_off, measured_parts, simulate_parts
 from .session import Trainer
@@ -76,6 +77,7 @@ class TrainConfig:
     resume_if_present: bool = False      # resume when checkpoint_dir holds a checkpoint, else start fresh
     metrics_port: int | None = None
     metrics_addr: str | None = None      # the metrics server's address; None: $AUTOPAR_METRICS_ADDR or 127.0.0.1
+    metrics_linger: float | None = None  # seconds to wait for a scrape after the last step; None: $AUTOPAR_METRICS_LINGER
     topology: str | None = None          # for plan files and the prediction; default local:<nproc>
     timeout: float = DEFAULT_TIMEOUT
     device: str = "cpu"
@@ -245,7 +247,9 @@ def rank_main(rank: int, world: int, job: Job, device_kind: str = "cpu") -> dict
     if world > 1 and cfg.checkpoint_dir:
         _check_same_start(trainer, rank)
     metrics = None
+    linger = 0.0
     if rank == 0:
+        linger = resolve_linger(cfg).metrics_linger or 0.0
         metrics = StepMetrics(job.graph.name, job.strategy.name, job.predicted, cfg.metrics_port, cfg.metrics_addr)
     start = trainer.step
     tracer = _tracer(cfg, start, device_kind)
@@ -303,6 +307,9 @@ def rank_main(rank: int, world: int, job: Job, device_kind: str = "cpu") -> dict
         parts = _measured_parts(phased, rank, world, trainer)
         if metrics is None:
             return None
+        if linger > 0 and not metrics.wait_scraped(linger):
+            print(f"autopar train: the metrics on port {metrics.port} were not scraped within {linger:g} s after "
+                  f"the last step; whoever scrapes them missed the last steps", file=sys.stderr, flush=True)
         med = median_step(metrics.untraced_times() or metrics.times)
         error = (job.predicted / med - 1.0) if job.predicted and med else None
         return {
@@ -492,9 +499,21 @@ def config_from(args: Any = None, **overrides: Any) -> TrainConfig:
     return TrainConfig(optimizer=opt, model_options=opts, **{k: v for k, v in raw.items() if k in known})
 
 
+def resolve_linger(cfg: TrainConfig) -> TrainConfig:
+    """`cfg` with ``metrics_linger`` from ``$AUTOPAR_METRICS_LINGER`` where the option left it
+    unset (`metrics.default_linger`), checked before any rank starts; a bad value is a
+    `TrainerConfigError` that names the variable."""
+    if cfg.metrics_linger is not None:
+        return cfg
+    try:
+        return dataclasses.replace(cfg, metrics_linger=default_linger())
+    except ValueError as e:
+        raise TrainerConfigError(str(e)) from None
+
+
 def train_main(args: Any = None, **overrides: Any) -> dict | None:
     """Run `autopar train`; returns the JSON summary (None on ranks other than 0 under torchrun)."""
-    cfg = config_from(args, **overrides)
+    cfg = resolve_linger(config_from(args, **overrides))
     backend, kind = pick_backend(cfg.device)
     if under_torchrun():
         rank, world, _ = init_from_env(backend, cfg.timeout)
@@ -576,6 +595,17 @@ def format_summary(summary: dict) -> str:
     return "\n".join(lines)
 
 
+def _seconds(text: str) -> float:
+    """An argparse type: a number of seconds >= 0."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds >= 0")
+    return seconds
+
+
 def add_train_args(p) -> None:
     """The options of ``autopar train`` (the CLI adds --model/--model-opt/--json with its shared helper)."""
     p.add_argument("--strategy", "-s", default="data-parallel",
@@ -602,6 +632,9 @@ def add_train_args(p) -> None:
     p.add_argument("--metrics-addr", metavar="ADDR",
                    help="the address --metrics-port binds (default: $AUTOPAR_METRICS_ADDR, else 127.0.0.1; "
                         "0.0.0.0 serves every interface, e.g. to a pod's Service)")
+    p.add_argument("--metrics-linger", type=_seconds, metavar="S",
+                   help="after the last step, keep --metrics-port up until a scrape has seen it, at most S seconds "
+                        "(default: $AUTOPAR_METRICS_LINGER, else 0; a trainer pod with a progress sidecar sets it)")
     p.add_argument("--topology", "-t", help="topology the plan was made for (default: local:NPROC)")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
                    help="seconds a rank waits for a peer before giving up (process-group timeout)")

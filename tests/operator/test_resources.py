@@ -329,14 +329,16 @@ def test_rank0_serves_metrics_and_reports_progress_the_others_get_no_token():
     assert side["restartPolicy"] == "Always" and side["name"] == "progress"
     assert side["command"] + side["args"] == ["autopar", "operator", "report-progress", "--job", "tiny",
                                               "--namespace", "$(POD_NAMESPACE)", "--metrics-url",
-                                              "http://127.0.0.1:9090/metrics"]
+                                              "http://127.0.0.1:9090/metrics", "--interval", "5"]
     assert "initContainers" not in p1
     env0 = _pod_env(p0["containers"][0])
     assert env0["AUTOPAR_JOB_NAME"] == "tiny" and env0["AUTOPAR_JOB_UID"] == UID
     assert env0["AUTOPAR_METRICS_PORT"] == "9090"
+    assert env0["AUTOPAR_METRICS_LINGER"] == "11" and "AUTOPAR_METRICS_LINGER" not in _pod_env(p1["containers"][0])
     assert p0["serviceAccountName"] == p1["serviceAccountName"] == "tiny-trainer"
     quiet = r.trainer_pod(job, UID, 0, "a", "img", progress_sidecar=False)["spec"]
     assert "initContainers" not in quiet and quiet["automountServiceAccountToken"] is False
+    assert "AUTOPAR_METRICS_LINGER" not in _pod_env(quiet["containers"][0])    # nobody to wait for
 
 
 def test_kueue_pod_group_only_with_a_queue():

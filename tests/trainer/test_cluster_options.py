@@ -76,6 +76,85 @@ def test_a_run_serves_its_metrics_on_the_address_asked_for(tmp_path):
     assert summary["metrics_addr"] == "0.0.0.0" and summary["metrics_port"] > 0
 
 
+def _scrape(port: int) -> str:
+    return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+
+
+def test_wait_scraped_waits_for_a_scrape_that_began_after_the_last_step():
+    m = StepMetrics("lenet", "data-parallel", port=0, addr="127.0.0.1")
+    try:
+        assert m.wait_scraped(0.0)                          # nothing recorded: nothing to wait for
+        m.record(0.01, 1.5, 8, step=1)
+        assert not m.wait_scraped(0.2)                      # nobody scraped
+        assert "autopar_trainer_steps_total" in _scrape(m.port)
+        assert m.wait_scraped(0.0)
+        m.record(0.01, 1.4, 8, step=2)
+        assert not m.wait_scraped(0.0)                      # the scrape before step 2 does not count
+        import threading
+        threading.Timer(0.3, _scrape, (m.port,)).start()
+        assert m.wait_scraped(30.0)                         # returns once the scrape has begun
+    finally:
+        m.close()
+    assert StepMetrics("lenet", "data-parallel").wait_scraped(5.0)     # no server: nothing to wait for
+
+
+def test_metrics_linger_is_an_option_and_defaults_to_the_environment_then_zero(monkeypatch, capsys):
+    from autopar.trainer.metrics import default_linger
+    assert config_from(_parse("--metrics-linger", "11")).metrics_linger == 11.0
+    assert config_from(_parse()).metrics_linger is None                  # decided on rank 0
+    for bad in ("-1", "soon", "nan"):
+        with pytest.raises(SystemExit):
+            _parse("--metrics-linger", bad)
+        assert "is not a number of seconds >= 0" in capsys.readouterr().err
+    monkeypatch.delenv("AUTOPAR_METRICS_LINGER", raising=False)
+    assert default_linger() == 0.0
+    monkeypatch.setenv("AUTOPAR_METRICS_LINGER", "11")                  # what a trainer pod with a sidecar sets
+    assert default_linger() == 11.0
+    monkeypatch.setenv("AUTOPAR_METRICS_LINGER", "eleven")
+    with pytest.raises(ValueError, match=r"\$AUTOPAR_METRICS_LINGER='eleven' is not a number of seconds"):
+        default_linger()
+
+
+@pytest.mark.timeout(120)
+def test_a_bad_linger_in_the_environment_stops_the_run_before_it_trains(monkeypatch):
+    monkeypatch.setenv("AUTOPAR_METRICS_LINGER", "-3")
+    with pytest.raises(TrainerConfigError, match="AUTOPAR_METRICS_LINGER"):
+        train_main(model="lenet", model_options=LENET, nproc=1, steps=2, metrics_port=0, log=False)
+
+
+@pytest.mark.timeout(120)
+def test_a_run_that_ends_between_two_scrapes_waits_for_the_next_one(tmp_path):
+    """A run shorter than the scrape interval: rank 0 keeps its metrics up after the last step
+    until a scrape has seen it, so the scraper reads every step (the operator's progress sidecar
+    scrapes every 5 s; a trainer pod with it sets $AUTOPAR_METRICS_LINGER)."""
+    import threading
+    port = free_port()
+    seen: list[str] = []
+    done = threading.Event()
+
+    def scraper():            # scrapes until it reads 3 steps or the run has returned
+        while not done.is_set():
+            try:
+                body = _scrape(port)
+            except OSError:
+                time.sleep(0.05)
+                continue
+            seen.append(body)
+            if 'autopar_trainer_steps_total{model="lenet",strategy="data-parallel"} 3.0' in body:
+                return
+            time.sleep(0.5)
+    t = threading.Thread(target=scraper, daemon=True)
+    t.start()
+    try:
+        summary = train_main(model="lenet", model_options=LENET, nproc=1, steps=3, metrics_port=port,
+                             metrics_linger=60.0, log=False)
+    finally:
+        done.set()
+        t.join(10)
+    assert summary["metrics_port"] == port and len(summary["step_seconds"]) == 3
+    assert seen and 'autopar_trainer_steps_total{model="lenet",strategy="data-parallel"} 3.0' in seen[-1]
+
+
 # -- 2. --checkpoint-final ------------------------------------------------------------------------
 
 def test_checkpoint_final_is_an_option_that_needs_a_directory():
