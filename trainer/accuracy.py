@@ -344,11 +344,12 @@ def speed_probe(repeats: int = 7) -> dict[str, float]:
     And how much memory bandwidth two ranks get at once: ``pair_s``, the memory pass on one core
     while a second thread passes over a buffer of its own on another core (`_pair_pass`), and
     ``pair_over_memory``, its time over the memory pass alone: 2 where the two cores share one
-    core's bandwidth, 1 where each has its own.  On that VM it moved between the two within
-    minutes (rounds a few seconds apart: 1.24-2.36 in 83 of 95, 0.88-1.18 in 12, in runs of one
-    to four): most likely the hypervisor moves the two vCPUs between cores that share a link to
-    memory and a last-level cache and cores that do not (docs/simulation.md, "Seventeenth
-    round").
+    core's bandwidth, 1 where each has its own -- or where something else on the host slows the
+    pass alone, which the two times tell apart and the ratio does not.  On that VM it moved
+    between the two within minutes (rounds a few seconds apart: 1.24-2.36 in 83 of 95, 0.88-1.18
+    in 12, in runs of one to four): most likely the hypervisor moves the two vCPUs between cores
+    that share a link to memory and a last-level cache and cores that do not (docs/simulation.md,
+    "Seventeenth round").
 
     The benchmark's profile and its training steps are taken minutes apart, and a shared machine's
     speed moves in between (on a 2-core VM, 2026-11-27, one thread repeating a fixed loop took
