@@ -46,6 +46,17 @@ def default_addr() -> str:
 LINGER_ENV = "AUTOPAR_METRICS_LINGER"
 
 
+def parse_seconds(text: str) -> float:
+    """A finite number of seconds >= 0 from `text`; ValueError saying so otherwise."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds < float("inf"):
+        raise ValueError(f"{text!r} is not a number of seconds >= 0")
+    return seconds
+
+
 def default_linger() -> float:
     """``$AUTOPAR_METRICS_LINGER`` in seconds when set, else 0 (close at once).  A value that is
     not a number of seconds >= 0 is an error that names the variable."""
@@ -53,12 +64,9 @@ def default_linger() -> float:
     if not text:
         return 0.0
     try:
-        seconds = float(text)
-    except ValueError:
-        seconds = -1.0
-    if not seconds >= 0 or seconds == float("inf"):
-        raise ValueError(f"${LINGER_ENV}={text!r} is not a number of seconds >= 0; unset it or set e.g. 11")
-    return seconds
+        return parse_seconds(text)
+    except ValueError as e:
+        raise ValueError(f"${LINGER_ENV}={e}; unset it or set e.g. 11") from None
 
 
 class _ScrapeClock:

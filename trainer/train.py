@@ -46,7 +46,7 @@ from .comm import ProcessGroups
 from .errors import TrainerConfigError
 from .launch import (DEFAULT_TIMEOUT, check_gpus, init_from_env, pick_backend, rank_device, run_local,
                      under_torchrun)
-from .metrics import StepMetrics, default_linger, median_step
+from .metrics import StepMetrics, default_linger, median_step, parse_seconds
 from .optim import STATE_KEYS, OptimizerConfig
 from .parts import furthest_off, measured_parts, simulate_parts
 from .session import Trainer
@@ -596,14 +596,11 @@ def format_summary(summary: dict) -> str:
 
 
 def _seconds(text: str) -> float:
-    """An argparse type: a number of seconds >= 0."""
+    """An argparse type: a number of seconds >= 0 (`metrics.parse_seconds`)."""
     try:
-        seconds = float(text)
-    except ValueError:
-        seconds = -1.0
-    if not 0 <= seconds < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds >= 0")
-    return seconds
+        return parse_seconds(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def add_train_args(p) -> None:
