@@ -1190,9 +1190,15 @@ def arrival_noise(runs: list[dict[int, dict[str, list]]],
     `RuntimeCalibration`.
 
     In the two-way chain (`runs`) ranks 0 and 1 make the same exchange calls in the same order.
-    For each call k after the first, D is the moment rank 1 entered it less the moment rank 0
-    did, X the same for leaving call k - 1, and T the seconds both ranks ran between the two
-    calls.  Across steps, D varies more than X by what the ranks' programs added in between:
+    Only the calls in which both ranks receive bytes are two-way exchanges: the chain's ops
+    whose input is already where it is needed call `exchange_many` with nothing to move and
+    return at once, and in a call that moves bytes one way only the sender does not wait for the
+    receiver.  For each two-way exchange k after a step's first, D is the
+    moment rank 1 entered it less the moment rank 0 did, X the same for leaving the exchange
+    before it, and T the seconds both ranks ran between the two.  (Taking every call as an
+    exchange made X of a call that moved nothing the offset the ranks had drifted to, and put
+    ``leave_var`` at 0.1-0.5 ms (sd) where the exchanges' own was 0.01-0.1 ms; calibration
+    method 8.)  Across steps, D varies more than X by what the ranks' programs added in between:
     ``jitter`` is the sum of those variances' differences over the sum of T (seconds squared
     per second of a program; 0 where the differences sum below 0).  ``leave_var`` is X's
     variance at each batch's message size (the mean over the calls), ``latency_var`` the
@@ -1209,10 +1215,11 @@ def arrival_noise(runs: list[dict[int, dict[str, list]]],
         steps = [r[batch]["calls"] for r in runs[:2]]
         enter, left, ran = defaultdict(list), defaultdict(list), defaultdict(list)
         for a, b in zip(*steps):
-            for k in range(1, min(len(a), len(b))):
+            moved = [k for k in range(min(len(a), len(b))) if a[k][2] and b[k][2]]
+            for p, k in zip(moved, moved[1:]):
                 enter[k].append(b[k][0] - a[k][0])
-                left[k].append(b[k - 1][1] - a[k - 1][1])
-                ran[k].append(a[k][0] - a[k - 1][1] + b[k][0] - b[k - 1][1])
+                left[k].append(b[p][1] - a[p][1])
+                ran[k].append(a[k][0] - a[p][1] + b[k][0] - b[p][1])
         calls = [k for k in enter if len(enter[k]) > 1]
         y = sum(statistics.pvariance(enter[k]) - statistics.pvariance(left[k]) for k in calls)
         t = sum(statistics.fmean(ran[k]) for k in calls)

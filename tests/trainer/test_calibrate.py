@@ -162,8 +162,8 @@ def test_arrival_noise_is_what_the_ranks_add_to_their_offset_between_exchanges_p
     and of the one-way latencies are `spread`s (a Gaussian's with the same interquartile
     range)."""
     def run(shift):
-        steps0 = [[(0.0, 1e-3, 0), (2e-3, 3e-3, 0)] for _ in shift]
-        steps1 = [[(0.0, 1e-3, 0), (2e-3 + x, 3e-3 + x, 64)] for x in shift]
+        steps0 = [[(0.0, 1e-3, 64), (2e-3, 3e-3, 64)] for _ in shift]
+        steps1 = [[(0.0, 1e-3, 64), (2e-3 + x, 3e-3 + x, 64)] for x in shift]
         return [{"times": [0.01] * len(shift), "calls": steps0}, {"times": [0.01] * len(shift), "calls": steps1}]
     r0, r1 = run([2e-4, -2e-4] * 5)
     o0 = {"times": [0.01] * 3, "calls": [[(0.0, 1e-4, 0)], [(0.0, 1e-4, 0)], [(0.0, 1e-4, 0)]]}
@@ -177,6 +177,41 @@ def test_arrival_noise_is_what_the_ranks_add_to_their_offset_between_exchanges_p
     # Leaving as far apart as they arrive adds nothing: no negative jitter.
     r0, r1 = run([0.0] * 10)
     assert arrival_noise([{4: r0}, {4: r1}], [{8: o0}, {8: o1}])[0] == 0.0
+
+
+def test_arrival_noise_counts_only_the_calls_that_move_bytes():
+    """Between two exchanges the chain calls `exchange_many` with nothing to move for every op
+    whose input is in place; such a call returns at once, wherever the other rank is.  The
+    ranks leave each exchange within 10 us of each other and drift up to 0.3 ms apart in between:
+    ``leave_var`` is the exchanges' own spread, not the drift the empty calls pass through, and
+    the jitter is the drift over the time run between the exchanges."""
+    import random
+    rng = random.Random(5)
+    steps0, steps1 = [], []
+    for _ in range(40):
+        lag = [rng.gauss(0.0, 1e-5) for _ in range(3)]      # how far apart they leave each exchange
+        drift = [rng.gauss(0.0, 1.5e-4) for _ in range(2)]  # what each rank's program adds before the next
+        c0, c1, t = [], [], 0.0
+        for j in range(3):
+            entry1 = t + (drift[j - 1] if j else 0.0)
+            c0.append((t, t + 2e-4, 64))
+            c1.append((entry1, t + 2e-4 + lag[j], 64))
+            if j < 2:                       # three ops whose input is in place, then the next exchange
+                for i in range(1, 4):
+                    c0.append((t + 2e-4 + i * 2e-4, t + 2e-4 + i * 2e-4, 0))
+                    c1.append((t + 2e-4 + i * 2e-4 + drift[j] * i / 4, t + 2e-4 + i * 2e-4 + drift[j] * i / 4, 0))
+            t += 1e-3
+        steps0.append(c0)
+        steps1.append(c1)
+    r0 = {"times": [0.01] * 40, "calls": steps0}
+    r1 = {"times": [0.01] * 40, "calls": steps1}
+    o0 = {"times": [0.01], "calls": [[(0.0, 1e-4, 0)]]}
+    o1 = {"times": [0.01], "calls": [[(5e-5, 2e-4, 128)]]}
+    jitter, _, leave_var, details = arrival_noise([{4: r0}, {4: r1}], [{8: o0}, {8: o1}])
+    assert leave_var(64) ** 0.5 < 3e-5                 # 10 us, not the 0.1 ms drift
+    ran = 2 * 8e-4                                     # both ranks, from leaving one exchange to the next
+    assert jitter == pytest.approx((1.5e-4) ** 2 / ran, rel=0.5)
+    assert details["per_batch"][0]["between_s"] == pytest.approx(ran, rel=0.05)
 
 
 def test_spread_is_the_variance_of_the_gaussian_with_the_same_interquartile_range():
