@@ -1205,10 +1205,10 @@ def arrival_noise(runs: list[dict[int, dict[str, list]]],
     variance of the one-way chain's latencies (`one_way`, `one_way_latencies`) at each of its
     sizes; both made monotone.  These two are the interquartile ranges' variances (`spread`):
     their tails are the latencies', which are in the mean latencies already.  D's and X's in
-    ``jitter`` are plain variances: what
-    makes D vary more than X is mostly rare delays (a rank preempted for a scheduler tick) whose
-    chance grows with the time run, which an interquartile range over 0.1-1 ms between
-    exchanges misses and a real model's 1-9 ms between exchanges does not."""
+    ``jitter`` are plain variances: what makes D vary more than X is partly rare delays (a rank
+    preempted for a scheduler tick) whose chance grows with the time run, which an
+    interquartile range misses and a step's mean wait does not.  The chain's two-way exchanges
+    are 0.6-13 ms of each rank's run apart, from its smallest batch to its largest."""
     extra = spent = 0.0
     leave, per_batch = [], []
     for batch in sorted(runs[0]):
