@@ -1190,25 +1190,24 @@ def arrival_noise(runs: list[dict[int, dict[str, list]]],
     `RuntimeCalibration`.
 
     In the two-way chain (`runs`) ranks 0 and 1 make the same exchange calls in the same order.
-    Only the calls in which both ranks receive bytes are two-way exchanges: the chain's ops
-    whose input is already where it is needed call `exchange_many` with nothing to move and
-    return at once, and in a call that moves bytes one way only the sender does not wait for the
-    receiver.  For each two-way exchange k after a step's first, D is the
-    moment rank 1 entered it less the moment rank 0 did, X the same for leaving the exchange
-    before it, and T the seconds both ranks ran between the two.  (Taking every call as an
-    exchange made X of a call that moved nothing the offset the ranks had drifted to, and put
-    ``leave_var`` at 0.1-0.5 ms (sd) where the exchanges' own was 0.01-0.1 ms; calibration
-    method 8.)  Across steps, D varies more than X by what the ranks' programs added in between:
-    ``jitter`` is the sum of those variances' differences over the sum of T (seconds squared
-    per second of a program; 0 where the differences sum below 0).  ``leave_var`` is X's
-    variance at each batch's message size (the mean over the calls), ``latency_var`` the
-    variance of the one-way chain's latencies (`one_way`, `one_way_latencies`) at each of its
-    sizes; both made monotone.  These two are the interquartile ranges' variances (`spread`):
-    their tails are the latencies', which are in the mean latencies already.  D's and X's in
-    ``jitter`` are plain variances: what makes D vary more than X is partly rare delays (a rank
-    preempted for a scheduler tick) whose chance grows with the time run, which an
-    interquartile range misses and a step's mean wait does not.  The chain's two-way exchanges
-    are 0.6-13 ms of each rank's run apart, from its smallest batch to its largest."""
+    Only the calls in which both ranks receive bytes are two-way exchanges: the chain's ops whose
+    input is already where it is needed call `exchange_many` with nothing to move and return at
+    once, and in a call that moves bytes one way the sender does not wait for the receiver.  For
+    each two-way exchange k after a step's first, D is the moment rank 1 entered it less the moment
+    rank 0 did, X the same for leaving the exchange before it, and T the seconds both ranks ran
+    between the two.  (Taking every call as an exchange made X of a call that moved nothing the
+    offset the ranks had drifted to, and put ``leave_var`` at 0.1-0.5 ms (sd) where the exchanges'
+    own was 0.01-0.1 ms; calibration method 8.)  Across steps, D varies more than X by what the
+    ranks' programs added in between: ``jitter`` is the sum of those variances' differences over the
+    sum of T (seconds squared per second of a program; 0 where the differences sum below 0).
+    ``leave_var`` is X's variance at each batch's message size (the mean over the calls),
+    ``latency_var`` the variance of the one-way chain's latencies (`one_way`, `one_way_latencies`)
+    at each of its sizes; both made monotone.  These two are the interquartile ranges' variances
+    (`spread`): their tails are the latencies', which are in the mean latencies already.  D's and
+    X's in ``jitter`` are plain variances: what makes D vary more than X is partly rare delays (a
+    rank preempted for a scheduler tick) whose chance grows with the time run, which an
+    interquartile range misses and a step's mean wait does not.  The chain's two-way exchanges are
+    0.6-13 ms of each rank's run apart, from its smallest batch to its largest."""
     extra = spent = 0.0
     leave, per_batch = [], []
     for batch in sorted(runs[0]):

@@ -168,8 +168,9 @@ class Curve:
 #: network threads kept from preempting a rank inside its own gloo calls (`trainer.launch`).
 #: 6: all-reduces timed with gloo's network threads yielding, as the trainer now waits for them.
 #: 7: drawing a step's synthetic batch (``draw``).  8: how ranks' arrivals at an exchange vary
-#: (``jitter``, ``latency_var``, ``leave_var``).  9: the arrival noise over the calls that move
-#: bytes only (8 put ``leave_var`` 10-15x too high in sd; `autopar.trainer.calibrate.arrival_noise`).
+#: (``jitter``, ``latency_var``, ``leave_var``).  9: the arrival noise over the in-situ chain's
+#: two-way exchanges only (8 put ``leave_var`` 10-15x too high in sd;
+#: `autopar.trainer.calibrate.arrival_noise`).
 CALIBRATION_METHOD = 9
 
 
