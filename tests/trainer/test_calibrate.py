@@ -179,12 +179,13 @@ def test_arrival_noise_is_what_the_ranks_add_to_their_offset_between_exchanges_p
     assert arrival_noise([{4: r0}, {4: r1}], [{8: o0}, {8: o1}])[0] == 0.0
 
 
-def test_arrival_noise_counts_only_the_calls_that_move_bytes():
+def test_arrival_noise_counts_only_the_two_way_exchanges():
     """Between two exchanges the chain calls `exchange_many` with nothing to move for every op
-    whose input is in place; such a call returns at once, wherever the other rank is.  The
-    ranks leave each exchange within 10 us of each other and drift up to 0.3 ms apart in between:
-    ``leave_var`` is the exchanges' own spread, not the drift the empty calls pass through, and
-    the jitter is the drift over the time run between the exchanges."""
+    whose input is in place; such a call returns at once, wherever the other rank is.  In a call
+    that moves bytes one way, the sender returns at once too.  The ranks leave each two-way
+    exchange within 10 us of each other and drift up to 0.3 ms apart in between: ``leave_var``
+    is the exchanges' own spread, not the drift the other calls pass through, and the jitter is
+    the drift over the time run between the exchanges."""
     import random
     rng = random.Random(5)
     steps0, steps1 = [], []
@@ -196,10 +197,12 @@ def test_arrival_noise_counts_only_the_calls_that_move_bytes():
             entry1 = t + (drift[j - 1] if j else 0.0)
             c0.append((t, t + 2e-4, 64))
             c1.append((entry1, t + 2e-4 + lag[j], 64))
-            if j < 2:                       # three ops whose input is in place, then the next exchange
-                for i in range(1, 4):
-                    c0.append((t + 2e-4 + i * 2e-4, t + 2e-4 + i * 2e-4, 0))
-                    c1.append((t + 2e-4 + i * 2e-4 + drift[j] * i / 4, t + 2e-4 + i * 2e-4 + drift[j] * i / 4, 0))
+            if j < 2:       # three ops whose input is in place, one that rank 0 sends, then the next exchange
+                for i in range(1, 5):
+                    at0, at1 = t + i * 2e-4, t + i * 2e-4 + drift[j] * i / 4
+                    got = 64 if i == 2 else 0
+                    c0.append((at0, at0, 0))
+                    c1.append((at1, max(at1, at0 + 5e-5) if got else at1, got))
             t += 1e-3
         steps0.append(c0)
         steps1.append(c1)
