@@ -282,7 +282,8 @@ def _pair_pass(work: Callable[[], None], peer: Callable[[], None], repeats: int)
     released at once by a barrier for every repeat, as two ranks run their ops.  Torch releases
     the GIL in its kernels, and on Linux ``sched_setaffinity(0, ...)`` binds only the calling
     thread; the calling thread's mask is restored afterwards."""
-    cpus = sorted(os.sched_getaffinity(0))
+    mask = os.sched_getaffinity(0)
+    cpus = sorted(mask)
     start, end = threading.Barrier(2), threading.Barrier(2)
     failed: list[BaseException] = []
 
@@ -300,7 +301,6 @@ def _pair_pass(work: Callable[[], None], peer: Callable[[], None], repeats: int)
             start.abort()
             end.abort()
 
-    mask = os.sched_getaffinity(0)
     thread = threading.Thread(target=other, name="speed-probe-peer", daemon=True)
     thread.start()
     times = []
