@@ -51,11 +51,6 @@ def run_profile(args) -> int:
         return 0
     print(f"profiled {args.model} for local:{workers} on {report.device_kind}: {len(report.measured)} task shapes "
           f"measured, {report.cached} already cached, {len(report.skipped)} skipped, in {report.seconds:.1f} s")
-    speedup = report.solo_speedup()
-    if speedup is not None:
-        print(f"  with the other {'rank' if workers == 2 else 'ranks'} idle, these tasks ran {speedup:.2f}x as fast as "
-              "with all running them at once (summed); the simulator times each op between the two by what the "
-              "others do meanwhile")
     for op, degrees, reason in report.skipped[:10]:
         print(f"  skipped {op} {list(degrees)}: {reason}")
     if report.remaining:

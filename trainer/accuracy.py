@@ -51,9 +51,7 @@ a row's ``compute_cache_share`` says where its measured compute lies between the
 reported, never applied.  And ``mean_arrivals``: where the calibration measured the ranks'
 arrival noise, every row's step simulated with each wait priced between mean arrivals too
 (``simulated_mean_arrivals_s``), as before the noise was modelled (`planner.sim.waits`), and
-those errors' totals.  And ``all_busy``: where the profile has solo times, every row's step
-simulated with every op at its all-busy time too (``simulated_all_busy_s``), as before a rank's ops
-ran faster while the other waited (`planner.sim.contention`), and those errors' totals.
+those errors' totals.
 """
 
 from __future__ import annotations
@@ -466,31 +464,14 @@ def _mean_arrivals(builder, plans: dict[str, Any]) -> dict[str, float]:
     return {name: simulate_strategy(plain, s)[0].step_time for name, s in plans.items()}
 
 
-def _all_busy(builder, plans: dict[str, Any]) -> dict[str, float]:
-    """Each plan's step simulated with every op at its time with both ranks running it, as before
-    a rank's ops ran at their solo speed while the other waited (`planner.sim.contention`); {}
-    where no plan's ops have solo times."""
-    from autopar.planner.sim import simulate_strategy, solo_gains
-    if not any(solo_gains(builder, s) for s in plans.values()):
-        return {}
-    return {name: simulate_strategy(builder, s, solo=False)[0].step_time for name, s in plans.items()}
-
-
-#: The rows' other simulations, reported beside the model's: (row field, totals key, what it leaves out).
-ALTERNATIVES = (("simulated_mean_arrivals_s", "mean_arrivals",
-                 "every wait priced between the ranks' mean arrivals, without the arrival noise"),
-                ("simulated_all_busy_s", "all_busy",
-                 "every op at its time with both ranks running it, without the solo speed of a rank whose peer waits"))
-
-
-def alternative_totals(rows: list[dict[str, Any]], field: str, about: str) -> dict[str, Any] | None:
-    """The rows' errors had they been simulated as `field` says (`ALTERNATIVES`), reported beside
-    the model's; None where no row has it."""
-    rows = [r for r in rows if field in r]
+def mean_arrival_totals(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The rows' errors had each wait been priced between mean arrivals (``simulated_mean_arrivals_s``),
+    reported beside the model's; None where no row has it."""
+    rows = [r for r in rows if "simulated_mean_arrivals_s" in r]
     if not rows:
         return None
-    return {"about": about, **_error_stats([r[field] / r["measured_s"] - 1.0 for r in rows])}
-
+    return {"about": "every wait priced between the ranks' mean arrivals, without the arrival noise",
+            **_error_stats([r["simulated_mean_arrivals_s"] / r["measured_s"] - 1.0 for r in rows])}
 
 
 def diagnosis_totals(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -586,16 +567,13 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
             t0 = time.perf_counter()
             report = profile_local([model], workers=WORLD, options=options, cache=cache,
                                    repeats=cfg["profile_repeats"], warmup=2)
-            speedup = report.solo_speedup()
-            log(f"  profiled {len(report.measured)} task shapes in {time.perf_counter() - t0:.0f} s"
-                + ("" if speedup is None else f"; alone they ran {speedup:.2f}x as fast as all at once"))
+            log(f"  profiled {len(report.measured)} task shapes in {time.perf_counter() - t0:.0f} s")
             probes.append(speed_probe())
             cost = CostModel(cache).bind(graph)
             chosen = strategies(graph, topology, cost, spec.module, cfg, log)
             builder = TaskGraphBuilder(graph, topology, cost, _OPT.name)
             simulated = {name: simulate_parts(builder, s) for name, s in chosen.items()}
-            others = {"simulated_mean_arrivals_s": _mean_arrivals(builder, chosen),
-                      "simulated_all_busy_s": _all_busy(builder, chosen)}
+            mean_arrivals = _mean_arrivals(builder, chosen)
             # A plan two strategies share trains once (module docstring, 4.).
             first: dict[tuple, str] = {}
             same = {name: first.setdefault(s.configs, name) for name, s in chosen.items()}
@@ -628,9 +606,8 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
                 if same[name] != name:
                     row["same_plan_as"] = same[name]
                 row["off"] = furthest_off(sparts, mparts)
-                for field, sims in others.items():
-                    if sims:
-                        row[field] = sims[name]
+                if mean_arrivals:
+                    row["simulated_mean_arrivals_s"] = mean_arrivals[name]
                 row["peak_memory_bytes"] = peak
                 if diagnosed:
                     row["diagnosis"] = _row_diagnosis(med, mparts,
@@ -645,7 +622,7 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
            "warmup_steps": cfg["warmup"], "measured_steps": cfg["steps"], "search_budget_s": cfg["search_budget_s"],
            "models": [{"model": m, "options": o} for m, o in models], "rows": rows, **totals(rows),
            "diagnosis": diagnosis_totals(rows),
-           **{key: alternative_totals(rows, field, about) for field, key, about in ALTERNATIVES},
+           "mean_arrivals": mean_arrival_totals(rows),
            "machine_speed": {"probe": "median seconds of a fixed one-thread compute-bound and memory-bound "
                                       "workload, of a pass over half the last-level cache, and of the memory-bound one "
                                       "with a second core running it too (`speed_probe`), "
@@ -699,12 +676,6 @@ def print_table(doc: dict[str, Any]) -> None:
         held = diag.get("cache_share_held_out")
         if held:
             console.print(_held_out_line(f"one cache share for the machine, {held['share']:.2f} of the way", held))
-    for _, key, about in ALTERNATIVES:
-        alt = doc.get(key)
-        if alt:
-            console.print(f"with {about} (not applied above): median |error| {100 * alt['median_abs_error']:.1f} %, "
-                          f"p90 {100 * alt['p90_abs_error']:.1f} %, max {100 * alt['max_abs_error']:.1f} %, "
-                          f"mean {100 * alt['mean_error']:+.1f} %")
     res = doc.get("residual")
     if res:
         console.print(_held_out_line(f"residual factor {res['factor']:.3f} (measured / simulated)", res))

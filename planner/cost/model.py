@@ -46,9 +46,6 @@ class Estimate:
     # GPUs: the host's seconds issuing the forward and backward kernels (None: not measured); the
     # kernels run behind it (`RuntimeCalibration.launches_async`)
     host: tuple[float, float] | None = None
-    # Concurrent CPU workers: forward and backward seconds with the other ranks idle, where
-    # profiled (`forward`/`backward` have them all running the task; `planner.sim.contention`)
-    solo: tuple[float, float] | None = None
 
     @property
     def total(self) -> float:
@@ -398,7 +395,7 @@ class CostModel:
             key = key_of_shapes(op, device.product, shards, attrs[1])
             measured = self.cache.get(key)
             if measured is not None:
-                return Estimate(measured[0], measured[1], "profile", self.cache.host(key), self.cache.solo(key))
+                return Estimate(measured[0], measured[1], "profile", self.cache.host(key))
         if not kind_class(op.kind)[1]:
             self._unknown.add(op.kind)
         return self.analytic.estimate(op, degrees, device, shapes, shards)

@@ -25,11 +25,6 @@ On a GPU an entry also has ``"host": [forward, backward]``: the seconds the host
 the task's kernels, beside the kernels' own time on the device (the two run side by side, see
 `planner.sim.trainer_model`).  CPU entries have none: there the host runs the kernels itself.
 
-An entry measured by concurrent CPU workers also has ``"solo": [forward, backward]``: the task's
-seconds with the other workers idle.  ``forward`` and ``backward`` are its seconds with every
-worker running it at once, as in a data-parallel step; a rank whose peers wait meanwhile runs
-faster, up to the solo time (`planner.sim.contention`).
-
 The default location is ``$AUTOPAR_CACHE_DIR/profile.json`` or
 ``~/.cache/autopar/profile.json``.  Saving writes a temporary file next to the target and renames
 it over the target (``os.replace``), so a reader never sees a half-written cache.  Two profile
@@ -66,9 +61,7 @@ FORMAT_VERSION = 1
 #: 4: on the CPU, other ops' code runs before every call, as in a step (`profiler._Interloper`).
 #: 5: the concurrent CPU workers bound to their own cores, as the trainer's gloo ranks
 #: (`profiler.bind_to_own_cores`).
-#: 6: concurrent CPU workers also time every task with the other workers idle (``solo``), right after
-#: timing it in lockstep.
-MEASUREMENT_METHOD = 6
+MEASUREMENT_METHOD = 5
 
 Shape = tuple[int, ...]
 
@@ -195,7 +188,6 @@ class _Entry(BaseModel):
     forward: float = Field(ge=0, allow_inf_nan=False)
     backward: float = Field(ge=0, allow_inf_nan=False)
     host: tuple[float, float] | None = None     # GPUs: the host's seconds issuing the kernels
-    solo: tuple[float, float] | None = None     # concurrent CPU workers: the seconds with the others idle
 
 
 class _CacheFile(BaseModel):
@@ -229,7 +221,6 @@ class ProfileCache:
                  calibrations: Mapping[str, Any] | None = None):
         self._entries: dict[str, tuple[float, float]] = {}
         self._host: dict[str, tuple[float, float]] = {}
-        self._solo: dict[str, tuple[float, float]] = {}
         self._calibrations: dict[str, Any] = {}
         self.path = Path(path) if path is not None else None
         #: set by `load` when it dropped measurements taken the old way: one line for people
@@ -271,8 +262,8 @@ class ProfileCache:
             cache = cls({k: (v.forward, v.backward) for k, v in doc.entries.items()}, path=p,
                         calibrations={k: c for k, c in doc.calibrations.items() if k not in stale})
             for k, v in doc.entries.items():
-                if v.host is not None or v.solo is not None:
-                    cache.put(k, v.forward, v.backward, host=v.host, solo=v.solo)
+                if v.host is not None:
+                    cache.put(k, v.forward, v.backward, host=v.host)
         except CostModelError as e:
             raise CostModelError(f"profile cache {p}: {e}") from e
         if stale:
@@ -286,8 +277,7 @@ class ProfileCache:
         doc: dict[str, Any] = {
             "version": FORMAT_VERSION,
             "method": MEASUREMENT_METHOD,
-            "entries": {k: {"forward": f, "backward": b, **({"host": list(self._host[k])} if k in self._host else {}),
-                            **({"solo": list(self._solo[k])} if k in self._solo else {})}
+            "entries": {k: {"forward": f, "backward": b, **({"host": list(self._host[k])} if k in self._host else {})}
                         for k, (f, b) in sorted(self._entries.items())},
             "calibrations": {k: c.to_json() for k, c in sorted(self._calibrations.items())},
         }
@@ -306,27 +296,18 @@ class ProfileCache:
         """The host's (forward, backward) seconds issuing the task's kernels, where measured (GPUs)."""
         return self._host.get(key)
 
-    def solo(self, key: str) -> tuple[float, float] | None:
-        """The task's (forward, backward) seconds with the other workers idle, where measured
-        (concurrent CPU workers; the entry's own times have them all running it)."""
-        return self._solo.get(key)
-
-    def put(self, key: str, forward: float, backward: float, host: Sequence[float] | None = None,
-            solo: Sequence[float] | None = None) -> None:
-        """Store a task's times; `host` (GPUs) the host's seconds issuing its forward and backward;
-        `solo` (concurrent CPU workers) its forward and backward with the other workers idle."""
-        extra = {name: [float(t) for t in pair] for name, pair in (("host", host), ("solo", solo)) if pair is not None}
-        times = [float(forward), float(backward)] + [t for pair in extra.values() for t in pair]
-        if not all(math.isfinite(t) and t >= 0 for t in times) or any(len(pair) != 2 for pair in extra.values()):
+    def put(self, key: str, forward: float, backward: float, host: Sequence[float] | None = None) -> None:
+        """Store a task's times; `host` (GPUs) the host's seconds issuing its forward and backward."""
+        times = [float(forward), float(backward)] + ([float(h) for h in host] if host is not None else [])
+        if not all(math.isfinite(t) and t >= 0 for t in times) or (host is not None and len(times) != 4):
             raise CostModelError(f"profile entry {key}: times must be finite and non-negative, "
                                  f"got forward {forward} s and backward {backward} s"
-                                 + "".join(f" and {name} {pair}" for name, pair in extra.items()))
+                                 + (f" and host {list(host)}" if host is not None else ""))
         self._entries[key] = (times[0], times[1])
-        for name, store in (("host", self._host), ("solo", self._solo)):
-            if name in extra:
-                store[key] = (extra[name][0], extra[name][1])
-            else:
-                store.pop(key, None)
+        if host is not None:
+            self._host[key] = (times[2], times[3])
+        else:
+            self._host.pop(key, None)
 
     def calibration(self, product: str, backend: str, world: int) -> RuntimeCalibration | None:
         """The measured runtime calibration of (device product, backend, world size), if any."""

@@ -47,11 +47,6 @@ in N worker processes at once (one thread each, as the `local` preset's ranks ru
 the same task in lockstep — a barrier before each warm-up and before each set of timed
 repetitions — so that, as in an N-rank step, the other cores compete for memory bandwidth and the
 shared cache while one measures; the stored time is the median over the workers of their means.
-Right after, each task is timed once more by one worker while the others wait at a barrier, the
-worker taking turns pass by pass (``solo``, `_profile_worker`): a rank whose peers wait for it
-runs its ops faster than with all of them computing (on this machine, 2026-11-27, rnnlm's tasks
-1.16x as fast, summed), and which of the two a step's task sees depends on the plan
-(`planner.sim.contention`).
 The workers come from a fork server (a process that traced a model with fake tensors and ran a
 backward pass cannot be forked safely) and import the model themselves by name.  ``workers=1``,
 ``concurrent=False`` and CUDA devices measure in the calling process; on the CPU it too keeps
@@ -113,7 +108,6 @@ class ProfileRecord:
     degrees: tuple[int, ...]
     forward: float
     backward: float
-    solo: tuple[float, float] | None = None   # with the other workers idle (concurrent CPU workers)
 
 
 @dataclass
@@ -139,18 +133,8 @@ class ProfileReport:
             "skipped": [{"op": o, "degrees": list(d), "reason": r} for o, d, r in self.skipped],
             "remaining": self.remaining, "seconds": round(self.seconds, 3), "engine_overhead": self.engine_overhead,
             "entries": [{"op": r.op, "degrees": list(r.degrees), "forward": r.forward, "backward": r.backward,
-                         **({"solo": list(r.solo)} if r.solo is not None else {}), "key": r.key}
-                        for r in self.measured],
-            "solo_speedup": self.solo_speedup(),
+                         "key": r.key} for r in self.measured],
         }
-
-    def solo_speedup(self) -> float | None:
-        """How much faster the measured tasks ran with the other workers idle than all running
-        them at once: their summed times over their summed solo times (None where no task has a
-        solo time)."""
-        both = [(r.forward + r.backward, sum(r.solo)) for r in self.measured if r.solo is not None]
-        alone = sum(s for _, s in both)
-        return sum(t for t, _ in both) / alone if both and alone > 0 else None
 
 
 def device_kind_of(device: torch.device) -> str:
@@ -724,11 +708,10 @@ def profile_ops(graph: OperatorGraph, degree_choices: Iterable[tuple[str, Sequen
 
 
 def _store_passes(work: list, passes: list[list[tuple[float, ...]]], failed: Mapping[int, str],
-                  cache: ProfileCache, report: ProfileReport,
-                  solo: list[list[tuple[float, float]]] | None = None) -> None:
+                  cache: ProfileCache, report: ProfileReport) -> None:
     """Store each task's median pass (forward and backward apart, and on a GPU the host's times
-    too; and the median of its `solo` passes, where given) in `cache` and `report`; a task that
-    failed in a pass is reported skipped with its error instead."""
+    too) in `cache` and `report`; a task that failed in a pass is reported skipped with its error
+    instead."""
     for n, (key, op, degrees) in enumerate(work):
         if n in failed:
             report.skipped.append((op.name, degrees, failed[n]))
@@ -738,10 +721,8 @@ def _store_passes(work: list, passes: list[list[tuple[float, ...]]], failed: Map
         with_host = [p for p in passes[n] if len(p) == 4]
         host = ((statistics.median(p[2] for p in with_host), statistics.median(p[3] for p in with_host))
                 if with_host else None)
-        alone = ((statistics.median(p[0] for p in solo[n]), statistics.median(p[1] for p in solo[n]))
-                 if solo is not None and solo[n] else None)
-        cache.put(key, fwd, bwd, host=host, solo=alone)
-        report.measured.append(ProfileRecord(key, op.name, degrees, fwd, bwd, alone))
+        cache.put(key, fwd, bwd, host=host)
+        report.measured.append(ProfileRecord(key, op.name, degrees, fwd, bwd))
 
 
 # -- concurrent workers (profile_local on the CPU) -------------------------------------------------
@@ -760,14 +741,9 @@ def _profile_worker(rank: int, model: str, options: dict[str, object], kind: str
     """One worker process of a concurrent `profile_local`: import `model` itself and measure
     `items` (key, op name, degrees) in lockstep with the other workers, one thread, on the CPU.
 
-    Right after each item, one worker times it again alone, the others waiting at the barrier
-    (sleeping, as a rank waiting for a message does): in pass ``r`` of the items (they hold
-    ``rounds`` passes) worker ``r % workers``, so that the passes sample every core.
-
     Sends ``(tag, task index, rank, forward, backward, error)`` tuples to `results`: one
-    ``"overhead"`` (index -1, the engine overhead in `forward`), one ``"task"`` per item and one
-    ``"solo"`` per item from the worker that timed it alone, or a ``"fatal"`` one when it cannot
-    go on.
+    ``"overhead"`` (index -1, the engine overhead in `forward`), one ``"task"`` per item, or a
+    ``"fatal"`` one when it cannot go on.
     """
     from ..ir.fx_import import import_spec
     from ..zoo import load_model
@@ -783,7 +759,6 @@ def _profile_worker(rank: int, model: str, options: dict[str, object], kind: str
         barrier.wait()
         overhead = engine_overhead(cpu)
         results.put(("overhead", -1, rank, overhead[0], overhead[1], None))
-        per_pass = len({key for key, _, _ in items})
         for n, (key, name, degrees) in enumerate(items):
             waited = 0
 
@@ -806,16 +781,6 @@ def _profile_worker(rank: int, model: str, options: dict[str, object], kind: str
             while waited < _LOCKSTEP_PHASES:
                 sync()
             results.put(msg)
-            # Right after, so that the two times see the machine in one state: the same task
-            # timed by one worker alone, the others waiting at the barrier.
-            if (n // per_pass) % barrier.parties == rank:
-                try:
-                    fwd, bwd = measure_task(graph, graph[name], degrees, cpu, repeats=repeats, warmup=warmup,
-                                            module=module, budget=budget, overhead=overhead, cache_level=cache_level)
-                    results.put(("solo", n, rank, fwd, bwd, None))
-                except Exception as e:  # reported with the task: it failed in lockstep too, or is kept without
-                    results.put(("solo", n, rank, 0.0, 0.0, f"{type(e).__name__}: {e}"))
-            barrier.wait()
     except threading.BrokenBarrierError:  # the parent gave up on the run and aborted the barrier
         return
     except BaseException as e:
@@ -831,8 +796,8 @@ def _profile_concurrent(model: str, options: Mapping[str, object], graph: Operat
     """`profile_ops` for `profile_local` on the CPU, measured by `workers` processes at once (module doc).
 
     The parent finds the new keys on its own import of the model, starts the workers from a fork
-    server, reports progress, stores each key's median over the workers' means (and the median of
-    its solo passes), and stops the workers (raising `CostModelError`) if one of them dies.
+    server, reports progress, stores each key's median over the workers' means, and stops the
+    workers (raising `CostModelError`) if one of them dies.
     """
     report = ProfileReport(kind)
     t0 = time.perf_counter()
@@ -860,9 +825,9 @@ def _profile_concurrent(model: str, options: Mapping[str, object], graph: Operat
     def failure(detail: str) -> CostModelError:
         return CostModelError(f"profiling {model} in {workers} concurrent workers failed: {detail}")
 
-    def collect(tag: str, n: int, senders: int = workers) -> list[tuple]:
-        """The `senders` workers' messages `tag` for task `n` (every worker's by default)."""
-        while len(inbox.get((tag, n), ())) < senders:
+    def collect(tag: str, n: int) -> list[tuple]:
+        """Every worker's message `tag` for task `n`."""
+        while len(inbox.get((tag, n), ())) < workers:
             try:
                 msg = results.get(timeout=_POLL_SECONDS)
             except queue.Empty:
@@ -882,21 +847,18 @@ def _profile_concurrent(model: str, options: Mapping[str, object], graph: Operat
         report.engine_overhead = statistics.median(fixed)
         passes: list[list[tuple[float, float]]] = [[] for _ in work]
         failed: dict[int, str] = {}
-        solo: list[list[tuple[float, float]]] = [[] for _ in work]
         for i in range(len(items)):
             n = i % len(work)
+            op = work[n][1]
             if progress is not None:
-                progress(i, len(items), work[n][1].name)
+                progress(i, len(items), op.name)
             msgs = collect("task", i)
-            (alone,) = collect("solo", i, 1)
             errors = sorted(m[5] for m in msgs if m[5] is not None)
             if errors:
                 failed.setdefault(n, errors[0])
                 continue
             passes[n].append((statistics.median(m[3] for m in msgs), statistics.median(m[4] for m in msgs)))
-            if alone[5] is None:
-                solo[n].append((alone[3], alone[4]))
-        _store_passes(work, passes, failed, cache, report, solo)
+        _store_passes(work, passes, failed, cache, report)
         for p in procs:
             p.join()
     finally:

@@ -47,10 +47,11 @@ from ..errors import OutOfMemoryError, StrategyError
 from ..hardware.topology import DeviceTopology
 from ..ir.graph import OperatorGraph
 from ..ir.strategy import Strategy, random_config, single_device
-from ..sim.evaluate import settles, simulate_strategy
+from ..sim.evaluate import simulate_strategy
 from ..sim.gc_regime import frozen_heap
 from ..sim.memory import check_fits
 from ..sim.taskgraph import OPTIMIZER_STATES, DeltaSession, TaskGraphBuilder
+from ..sim.waits import has_arrival_noise
 from . import experts
 from ._estimate import estimate_tasks
 from ._memtrack import MemoryTracker
@@ -316,11 +317,9 @@ def _evaluate(builder: TaskGraphBuilder, name: str, build, seconds: float | None
         session, memory = DeltaSession(builder, strategy), MemoryTracker(builder, strategy)
         step, peak, fits = session.step_time, memory.peak(), memory.fits()
         keep[name] = (session, memory)
-        if settles(builder):
-            # The session times mean arrivals and all-busy ops, as the chain will; the candidates
-            # are compared as every command reports a step, with each wait at its mean
-            # (`planner.sim.waits`) and each op at its solo speed where the others are idle
-            # (`planner.sim.contention`).
+        if has_arrival_noise(builder):
+            # The session times mean arrivals, as the chain will; the candidates are compared as
+            # every command reports a step, with each wait at its mean (`planner.sim.waits`).
             step = simulate_strategy(builder, strategy)[0].step_time
     return Candidate(name, strategy, step, peak, fits, seconds if seconds is not None else time.perf_counter() - t0)
 

@@ -9,8 +9,6 @@
   gives exactly the timeline full simulation gives (sec. 5.2, 5.3);
 * `evaluate` — `simulate_strategy`: build, time and sum up one strategy;
 * `waits` — each wait of the trainer's step at its mean when the ranks' arrivals vary;
-* `contention` — each CPU op at its solo speed while the other ranks of its machine are idle;
-* `settle` — re-simulating a step until those two settle on its own timeline;
 * `memory` — peak memory per device;
 * `gc_regime` — keeping Python's cyclic collector off the 10^5 containers a search holds;
 * `trace` — a simulated step as Chrome trace-event JSON (Perfetto), beside the trainer's.
@@ -21,8 +19,7 @@ passes, timelines); nothing outside this package imports them.
 
 from ._plans import MIN_TASK_SECONDS
 from .buckets import DEFAULT_BUCKET_BYTES, SyncBucket, plan_buckets
-from .contention import solo_gains
-from .evaluate import SimulationResult, settles, simulate_strategy, summarize
+from .evaluate import SimulationResult, simulate_strategy, summarize
 from .gc_regime import frozen_heap, gc_paused, refreeze
 from .memory import check_fits, peak_memory
 from .simulator import DeltaSimulator, TaskGraph, TaskInfo, Timeline, simulate
@@ -33,5 +30,5 @@ from .waits import has_arrival_noise
 
 __all__ = ["DEFAULT_BUCKET_BYTES", "MIN_TASK_SECONDS", "OPTIMIZER_STATES", "STEP_PARTS", "SyncBucket", "plan_buckets", "DeltaSession", "DeltaSimulator", "SimulationResult", "TaskGraph",
            "TaskGraphBuilder", "TaskInfo", "Timeline", "Transfer", "check_fits", "device_process_name", "frozen_heap",
-           "gc_paused", "has_arrival_noise", "peak_memory", "refreeze", "requires_grad", "settles", "simulate", "simulate_strategy", "simulated_trace", "solo_gains",
+           "gc_paused", "has_arrival_noise", "peak_memory", "refreeze", "requires_grad", "simulate", "simulate_strategy", "simulated_trace",
            "step_parts", "summarize", "trainer_calibration"]

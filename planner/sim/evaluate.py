@@ -14,11 +14,9 @@ from dataclasses import dataclass
 from ..errors import StrategyError
 from ..ir.strategy import Strategy
 from .memory import peak_memory
-from .contention import contention_deltas, shares_cores, solo_gains
-from .settle import settle
 from .simulator import TaskGraph, Timeline, simulate
 from .taskgraph import TaskGraphBuilder
-from .waits import has_arrival_noise, mean_waits
+from .waits import has_arrival_noise, with_mean_waits
 
 
 @dataclass(frozen=True)
@@ -33,30 +31,14 @@ class SimulationResult:
     peak_memory: dict[int, int]
 
 
-def simulate_strategy(builder: TaskGraphBuilder, strategy: Strategy, *,
-                      solo: bool = True) -> tuple[SimulationResult, Timeline, TaskGraph]:
+def simulate_strategy(builder: TaskGraphBuilder, strategy: Strategy) -> tuple[SimulationResult, Timeline, TaskGraph]:
     """Full simulation (Algorithm 1): build the task graph and time it from scratch; with the
-    trainer's arrival noise calibrated, every wait at its mean (`waits.mean_waits`), and with
-    solo times profiled, every CPU op at its solo speed while the other ranks are idle
-    (`contention.contention_deltas`; ``solo=False`` leaves every op at its all-busy time)."""
+    trainer's arrival noise calibrated, every wait at its mean (`waits.with_mean_waits`)."""
     tg = builder.build(strategy)
     tl = simulate(tg)
-    noise = has_arrival_noise(builder)
-    gains = solo_gains(builder, strategy) if solo else {}
-    if noise or gains:
-        def adjust(timeline: Timeline) -> dict:
-            extra = mean_waits(builder, tg, timeline) if noise else {}
-            extra.update(contention_deltas(builder, tg, timeline, gains))
-            return extra
-        tl = settle(tg, tl, simulate, adjust)
+    if has_arrival_noise(builder):
+        tl = with_mean_waits(builder, tg, tl, simulate)
     return summarize(builder, strategy, tg, tl, peak_memory(builder, strategy)), tl, tg
-
-
-def settles(builder: TaskGraphBuilder) -> bool:
-    """Whether `simulate_strategy` may time a step differently from Algorithm 1 on the built
-    durations (which delta simulation reproduces): where the builder models the trainer's
-    arrival noise or its CPU ranks sharing a machine."""
-    return has_arrival_noise(builder) or shares_cores(builder)
 
 
 def summarize(builder: TaskGraphBuilder, strategy: Strategy, tg: TaskGraph, tl: Timeline,

@@ -21,7 +21,7 @@ Operations Research 9(2), 1961), folded over the messages.  Tracking the pair's 
 than each rank's time keeps what the two share since they last met out of the wait.
 Approximations: a wait for several ranks leaves the rank's offsets to the others as they were,
 and the mean waits are applied to the simulated timeline as the wait barriers' durations and the
-step simulated again, until they settle (`planner.sim.settle`), rather than inside Algorithm 1 — so full and
+step simulated again, until they settle (`ROUNDS`), rather than inside Algorithm 1 — so full and
 delta simulation stay exact and identical, and the search's inner loop (`planner.search`) ranks
 plans on mean times.  Every step the simulator reports for the trainer
 (`planner.sim.simulate_strategy`) includes the waits.  Gradient buckets' all-reduces, which start
@@ -34,9 +34,12 @@ from __future__ import annotations
 import bisect
 import math
 
-from .settle import settle
 from .trainer_model import grads_in, inputs_in
 
+#: At most this many times the waits are recomputed on the timeline they lengthened; it stops
+#: once no wait moves by more than `SETTLED_S`.  Small models' steps settle in 4-6 rounds.
+ROUNDS = 10
+SETTLED_S = 1e-7
 _SQRT2 = math.sqrt(2.0)
 _SQRT2PI = math.sqrt(2.0 * math.pi)
 
@@ -153,5 +156,17 @@ def mean_waits(b, tg, tl) -> dict[tuple, float]:
 def with_mean_waits(b, tg, tl, simulate):
     """The timeline of task graph `tg` with every wait its mean under the calibration's arrival
     noise (`mean_waits`), the wait barriers lengthened by it in `tg` (`simulate`: Algorithm 1),
-    recomputed on each new timeline until they settle (`planner.sim.settle`)."""
-    return settle(tg, tl, simulate, lambda timeline: mean_waits(b, tg, timeline))
+    recomputed on each new timeline until they settle."""
+    base: dict[tuple, float] = {}
+    last: dict[tuple, float] = {}
+    for _ in range(ROUNDS):
+        extra = mean_waits(b, tg, tl)
+        if extra.keys() == last.keys() and all(abs(e - last[k]) <= SETTLED_S for k, e in extra.items()):
+            break
+        for key in set(base) | set(extra):
+            if key not in base:
+                base[key] = tg.task(key).duration
+            tg.set_duration(key, base[key] + extra.get(key, 0.0))
+        tl = simulate(tg)
+        last = extra
+    return tl

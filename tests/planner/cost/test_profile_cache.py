@@ -61,34 +61,6 @@ def test_gpu_entries_keep_the_hosts_issuing_time_beside_the_kernels(tmp_path):
     assert (est.forward, est.backward, est.host, est.source) == (1e-5, 2e-5, (4e-5, 6e-5), "profile")
 
 
-def test_cpu_entries_keep_the_solo_time_beside_the_all_busy_one(tmp_path):
-    """A task profiled by concurrent CPU workers has its time with all of them running it and,
-    as ``solo``, with the others idle; both travel through the file and into the estimate."""
-    from autopar.planner.cost import CostModel
-    from autopar.planner.hardware import get_preset
-    path = tmp_path / "profile.json"
-    cache = ProfileCache()
-    cache.put("c|k", 3e-4, 5e-4, solo=(2e-4, 4e-4))
-    cache.put("g|k", 5e-6, 9e-6, host=(3e-5, 4.5e-5))
-    cache.save(path)
-    entries = json.loads(path.read_text())["entries"]
-    assert entries["c|k"]["solo"] == [2e-4, 4e-4] and "solo" not in entries["g|k"] and "host" not in entries["c|k"]
-    back = ProfileCache.load(path)
-    assert back.solo("c|k") == (2e-4, 4e-4) and back.solo("g|k") is None and back.host("g|k") == (3e-5, 4.5e-5)
-    back.put("c|k", 3e-4, 5e-4)            # measured again in one process: no solo time is kept
-    assert back.solo("c|k") is None
-    with pytest.raises(CostModelError, match="solo"):
-        back.put("c|k", 1e-6, 1e-6, solo=(1e-6,))
-    with pytest.raises(CostModelError, match="solo"):
-        back.put("c|k", 1e-6, 1e-6, solo=(-1.0, 0.0))
-    op, shapes = _conv()
-    dev = get_preset("local:2").devices[0]
-    key = task_key(op, (1, 1, 1, 1), dev.product, shapes)
-    cache.put(key, 3e-4, 5e-4, solo=(2e-4, 4e-4))
-    est = CostModel(cache).task_cost(op, (1, 1, 1, 1), dev, shapes)
-    assert (est.forward, est.backward, est.solo, est.host) == (3e-4, 5e-4, (2e-4, 4e-4), None)
-
-
 def test_a_missing_file_is_an_empty_cache_that_saves_there(tmp_path):
     path = tmp_path / "none.json"
     cache = ProfileCache.load(path)

@@ -176,23 +176,3 @@ def test_with_arrival_noise_every_candidate_is_compared_as_a_full_simulation_rep
         if c.strategy is not None and c.step_time is not None and name != "mcmc":
             assert c.step_time == simulate_strategy(builder, c.strategy)[0].step_time, name
     assert r.step_time == simulate_strategy(builder, r.strategy)[0].step_time
-
-
-def test_with_solo_times_every_candidate_is_compared_as_a_full_simulation_reports_it():
-    """The chains rank plans on all-busy op times (delta simulation); the candidates the plan is
-    chosen from are each timed with every CPU op at its solo speed where the other rank is idle
-    (`planner.sim.contention`), as every command reports a step."""
-    from ..sim.test_contention import SoloCost
-    graph = rnn()
-    topo = get_preset("local:2")
-    cost = SoloCost(CostModel().bind(graph), 0.5)
-    r = plan(graph, topo, cost, budget_s=1e9, placement_budget_s=1e9, max_proposals=20, seed=1)
-    builder = TaskGraphBuilder(graph, topo, cost)
-    compared = 0
-    for name, c in r.candidates.items():
-        if c.strategy is not None and c.step_time is not None and name != "mcmc":
-            full = simulate_strategy(builder, c.strategy)[0].step_time
-            assert c.step_time == full, name
-            compared += full < simulate_strategy(builder, c.strategy, solo=False)[0].step_time
-    assert compared, "some candidate runs faster for its solo times"
-    assert r.step_time == simulate_strategy(builder, r.strategy)[0].step_time
