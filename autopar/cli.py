@@ -188,6 +188,12 @@ def _build_parser(command: str | None = None) -> argparse.ArgumentParser:
     b.add_argument("--json", action="store_true", help="JSON on stdout")
     b.add_argument("--quick", action="store_true", help="smaller settings for a 2-core machine")
     b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--keep", metavar="DIR",
+                   help="accuracy: keep the run in the new folder DIR (its profile cache with the calibration, the "
+                        "profiles taken after each model's steps, and the JSON), for --rescore")
+    b.add_argument("--rescore", metavar="DIR", nargs="+",
+                   help="accuracy: measure nothing; simulate the rows of the runs kept in DIR... again with this "
+                        "code, and report each run's totals and all of them pooled, as recorded and now")
     b.add_argument("--uniform-placements", action="store_true",
                    help="simulator: draw changes with uniformly random device placements instead of the "
                         "search's proposals (random degrees on aligned device blocks, one task moved, or a whole op "
@@ -290,6 +296,9 @@ def _cmd_profile(args) -> int:
 
 def _cmd_bench(args) -> int:
     from ._common import emit_json
+    if (args.keep or args.rescore) and args.which != "accuracy":
+        raise AutoparError(f"autopar bench {args.which}: --keep and --rescore are options of `autopar bench "
+                           "accuracy`; drop them")
     if args.which == "simulator":
         from .bench_simulator import print_table, run_simulator_bench
         doc = run_simulator_bench(quick=args.quick, seed=args.seed, progress=not args.json,
@@ -304,9 +313,16 @@ def _cmd_bench(args) -> int:
     elif args.which == "runtime":
         from autopar.trainer.bench import print_table, run_runtime_bench
         doc = run_runtime_bench(quick=args.quick)
+    elif args.which == "accuracy" and args.rescore:
+        from autopar.trainer.rescore import print_rescore as print_table
+        from autopar.trainer.rescore import rescore
+        if args.keep or args.quick:
+            raise AutoparError("autopar bench accuracy: --rescore measures nothing, so --keep and --quick do not "
+                               "apply; drop them, or drop --rescore to measure a new run")
+        doc = rescore(args.rescore, progress=True)
     elif args.which == "accuracy":
         from autopar.trainer.accuracy import print_table, run_accuracy_bench
-        doc = run_accuracy_bench(quick=args.quick, progress=True)
+        doc = run_accuracy_bench(quick=args.quick, progress=True, keep=args.keep)
     elif args.which == "operator":
         from .bench_operator import print_table, run_operator_bench
         doc = run_operator_bench(quick=args.quick, progress=True)

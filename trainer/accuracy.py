@@ -2,6 +2,8 @@
 
     autopar bench accuracy --json            # 4 models x >= 6 strategies on 2 local ranks
     autopar bench accuracy --quick --json    # the same rows, a shorter search
+    autopar bench accuracy --json --keep DIR # and keep the run, to simulate it again later
+    autopar bench accuracy --rescore DIR...  # kept runs simulated again with this code (`trainer.rescore`)
 
 The number a user watches is simulated against measured step time; this benchmark measures how
 far apart they are, and whether the simulator orders strategies as the machine does (FlexFlow
@@ -524,14 +526,17 @@ def cache_share_held_out(rows: list[dict[str, Any]], fit_models: int = 2) -> dic
 # -- the benchmark ---------------------------------------------------------------------------------
 
 def run_accuracy_bench(quick: bool = False, progress: bool = True,
-                       models: tuple[tuple[str, dict[str, Any]], ...] = MODELS, **overrides: Any) -> dict[str, Any]:
+                       models: tuple[tuple[str, dict[str, Any]], ...] = MODELS, keep: str | os.PathLike | None = None,
+                       **overrides: Any) -> dict[str, Any]:
     """Every model's rows and the totals; the returned dict is the JSON of the benchmark.
     `overrides` replace settings (``warmup``, ``steps``, ``search_budget_s``, ``random_plans``,
     ``diagnose``: False leaves out the two profiles after each model's steps, and
     ``profile_cache``: a cache file to measure into and keep, instead of a private temporary one,
     whose runtime calibration is used when it has one unless ``recalibrate`` is true).  The
     runtime is calibrated as `autopar profile` calibrates it for a user, also under `quick`
-    (``quick_calibration`` takes the quick one, for tests)."""
+    (``quick_calibration`` takes the quick one, for tests).  `keep`: a new folder to keep the run
+    in, for `trainer.rescore` to simulate its rows again with later code: its profile cache with
+    the calibration, the diagnosis's profiles and the benchmark's JSON (`rescore.keep_folder`)."""
     from autopar.planner.cost import CostModel, ProfileCache, profile_local
     from autopar.planner.hardware import get_preset
     from autopar.planner.ir import import_spec
@@ -549,8 +554,14 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
     rows: list[dict[str, Any]] = []
     speed: dict[str, dict[str, Any]] = {}
     t_all = time.perf_counter()
+    kept = None
+    if keep is not None:
+        from .rescore import PROFILE, keep_folder
+        kept = keep_folder(keep)
+        cfg["profile_cache"], cfg["recalibrate"] = kept / PROFILE, True
     with tempfile.TemporaryDirectory(prefix="autopar-accuracy-") as tmp:
-        cache = ProfileCache.load(Path(cfg.get("profile_cache") or Path(tmp) / "profile.json"))
+        folder = kept or Path(tmp)
+        cache = ProfileCache.load(Path(cfg.get("profile_cache") or folder / "profile.json"))
         product = topology.devices[0].product
         calibration = cache.calibration(product, "gloo", WORLD)
         if calibration is None or cfg.get("recalibrate"):
@@ -586,7 +597,7 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
                 f"{time.perf_counter() - t0:.0f} s")
             probes.append(speed_probe())
             diagnosed = (_diagnose(model, options, graph, topology, calibration, {n: chosen[n] for n in unique},
-                                   Path(tmp), cfg, log) if cfg["diagnose"] else {})
+                                   folder, cfg, log) if cfg["diagnose"] else {})
             speed[graph.name] = drift = _drift(probes)
             log("  machine speed probe, the steps against the profile (> 1: slower): "
                 + ", ".join(f"{k} {drift[k]['steps_over_profile']:.2f}x" for k in PROBE_PARTS)
@@ -630,6 +641,11 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
                                       "applied",
                              "per_model": speed},
            "wall_seconds": time.perf_counter() - t_all}
+    if kept is not None:
+        from .rescore import record
+        cache.save()
+        record(kept, doc)
+        log(f"kept the run in {kept}: `autopar bench accuracy --rescore {kept}` simulates its rows again")
     return doc
 
 

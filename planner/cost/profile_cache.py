@@ -231,8 +231,10 @@ class ProfileCache:
             self.put_calibration(c if isinstance(c, RuntimeCalibration) else RuntimeCalibration.from_json(c))
 
     @classmethod
-    def load(cls, path: str | os.PathLike | None = None) -> "ProfileCache":
-        """Read a cache file; a missing file gives an empty cache that will save to `path`."""
+    def load(cls, path: str | os.PathLike | None = None, keep_stale: bool = False) -> "ProfileCache":
+        """Read a cache file; a missing file gives an empty cache that will save to `path`.
+        `keep_stale`: keep what an older autopar measured another way too (`MEASUREMENT_METHOD`,
+        `CALIBRATION_METHOD`), as it was measured: to replay a kept run (`trainer.rescore`), never to plan."""
         p = Path(path).expanduser() if path is not None else default_cache_path()
         try:
             text = p.read_text(encoding="utf-8")
@@ -251,13 +253,13 @@ class ProfileCache:
         if doc.version != FORMAT_VERSION:
             raise CostModelError(f"profile cache {p} has format version {doc.version}, this autopar reads "
                                  f"version {FORMAT_VERSION}; delete it or re-run `autopar profile` to rebuild it")
-        if doc.method < MEASUREMENT_METHOD:
+        if doc.method < MEASUREMENT_METHOD and not keep_stale:
             cache = cls(path=p)
             cache.notice = (f"profile cache {p} holds {len(doc.entries)} op times and {len(doc.calibrations)} runtime "
                             f"calibration(s) measured the way an older autopar measured them (method {doc.method}, "
                             f"now {MEASUREMENT_METHOD}); they are measured again")
             return cache
-        stale = sorted(k for k, c in doc.calibrations.items() if _stale_calibration(c))
+        stale = [] if keep_stale else sorted(k for k, c in doc.calibrations.items() if _stale_calibration(c))
         try:
             cache = cls({k: (v.forward, v.backward) for k, v in doc.entries.items()}, path=p,
                         calibrations={k: c for k, c in doc.calibrations.items() if k not in stale})

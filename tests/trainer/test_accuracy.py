@@ -8,6 +8,7 @@ import pytest
 
 from autopar.planner.sim import STEP_PARTS
 from autopar.trainer.accuracy import PROBE_PARTS, _measured_row, kendall_tau, run_accuracy_bench, speed_probe, totals
+from autopar.trainer.rescore import PROFILE, RESULT, KeptRunError, rescore
 
 
 def _row(model, strategy, sim, meas, cv=0.01):
@@ -74,9 +75,10 @@ def test_the_measured_parts_are_the_busiest_ranks_as_on_the_simulated_side():
 
 
 @pytest.mark.timeout(600)
-def test_a_small_accuracy_run_reports_every_row_and_the_totals():
+def test_a_small_accuracy_run_reports_every_row_and_the_totals(tmp_path):
+    kept = tmp_path / "run"
     doc = run_accuracy_bench(models=(("lenet", {"batch": 16, "image": 20}),), progress=False,
-                             warmup=1, steps=3, search_budget_s=1.0, quick_calibration=True)
+                             warmup=1, steps=3, search_budget_s=1.0, quick_calibration=True, keep=kept)
     assert len(doc["rows"]) >= 6 and {r["strategy"] for r in doc["rows"]} >= {"data-parallel", "searched"}
     for r in doc["rows"]:
         assert r["simulated_s"] > 0 and r["measured_s"] > 0 and r["error"] == pytest.approx(
@@ -113,6 +115,19 @@ def test_a_small_accuracy_run_reports_every_row_and_the_totals():
     assert all(p["cache_over_memory"] > 0 and p["pair_over_memory"] > 0 for p in speed["probes"])
     for part in PROBE_PARTS:
         assert speed[part]["steps_over_profile"] == pytest.approx(speed[part]["steps_s"] / speed[part]["profile_s"])
+    # Kept, the run simulates again from its own profile to the same steps, row by row.
+    assert json.loads((kept / RESULT).read_text()) == json.loads(json.dumps(doc))
+    assert {p.name for p in kept.iterdir()} >= {PROFILE, RESULT, "lenet-after_steps.json", "lenet-llc.json"}
+    again = rescore([kept], progress=False)
+    (run,) = again["runs"]
+    assert [(r["strategy"], r["measured_s"]) for r in run["rows"]] == [(r["strategy"], r["measured_s"])
+                                                                      for r in doc["rows"]]
+    for new, old in zip(run["rows"], doc["rows"]):
+        assert new["simulated_s"] == pytest.approx(old["simulated_s"], rel=1e-12) == new["recorded_simulated_s"]
+    assert run["now"]["median_abs_error"] == pytest.approx(doc["median_abs_error"])
+    assert again["pooled"]["now"]["mean_error"] == pytest.approx(doc["mean_error"])
+    with pytest.raises(KeptRunError, match="already holds a kept run"):
+        run_accuracy_bench(models=(("lenet", {"batch": 16, "image": 20}),), progress=False, keep=kept)
 
 
 def _parts(compute):

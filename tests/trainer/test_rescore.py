@@ -1,0 +1,96 @@
+"""Kept accuracy runs: what a folder must hold, and the errors that say what is wrong with one."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from autopar.cli import main
+from autopar.trainer.rescore import PROFILE, RESULT, KeptRunError, _summary, keep_folder, rescore, rescore_run
+
+
+def test_a_new_folder_is_created_to_keep_a_run_in(tmp_path):
+    folder = keep_folder(tmp_path / "a" / "b")
+    assert folder.is_dir() and not any(folder.iterdir())
+    assert keep_folder(folder) == folder          # empty: still free
+
+
+@pytest.mark.parametrize("name", [PROFILE, RESULT])
+def test_a_kept_run_is_never_written_over(tmp_path, name):
+    (tmp_path / name).write_text("{}")
+    with pytest.raises(KeptRunError, match=f"already holds a kept run \\({name}\\); name a new folder"):
+        keep_folder(tmp_path)
+    assert (tmp_path / name).read_text() == "{}"
+
+
+def test_a_file_is_not_a_folder_to_keep_in(tmp_path):
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(KeptRunError, match="it is a file, not a folder"):
+        keep_folder(tmp_path / "f")
+
+
+def test_a_folder_without_a_run_says_how_to_keep_one(tmp_path):
+    with pytest.raises(KeptRunError, match=f"not a kept accuracy run \\(no {RESULT} or {PROFILE}\\).*--keep"):
+        rescore_run(tmp_path)
+
+
+def test_a_damaged_result_is_named(tmp_path):
+    (tmp_path / RESULT).write_text(json.dumps({"rows": [{"model": "m"}], "models": [], "calibration": {}}))
+    (tmp_path / PROFILE).write_text("{}")
+    with pytest.raises(KeptRunError, match=f"{RESULT}: not the JSON `autopar bench accuracy` writes"):
+        rescore_run(tmp_path)
+
+
+def test_a_profile_this_code_cannot_read_is_named(tmp_path):
+    (tmp_path / RESULT).write_text(json.dumps({"rows": [], "models": [], "calibration": {}}))
+    (tmp_path / PROFILE).write_text(json.dumps({"version": 999, "entries": {}}))
+    with pytest.raises(KeptRunError, match="its profile cannot be read by this autopar.*format version 999"):
+        rescore_run(tmp_path)
+
+
+def test_a_profile_without_a_calibration_is_refused(tmp_path):
+    from autopar.planner.cost.profile_cache import FORMAT_VERSION
+    (tmp_path / RESULT).write_text(json.dumps({"rows": [], "models": [], "calibration": {}}))
+    (tmp_path / PROFILE).write_text(json.dumps({"version": FORMAT_VERSION, "method": 0, "entries": {}}))
+    with pytest.raises(KeptRunError, match="holds no runtime calibration"):
+        rescore_run(tmp_path)
+
+
+def test_a_kept_profile_is_read_as_measured_whatever_the_method(tmp_path):
+    from autopar.planner.cost import ProfileCache
+    from autopar.planner.cost.calibration import default_calibration
+    old = default_calibration("cpu", "gloo", 2).to_json()
+    old.update(source="measured", method=1)
+    (tmp_path / PROFILE).write_text(json.dumps({"version": 1, "method": 1, "entries": {"k": {"forward": 1.0,
+                                                                                            "backward": 2.0}},
+                                                "calibrations": {"x": old}}))
+    assert len(ProfileCache.load(tmp_path / PROFILE)) == 0          # to plan, measured again
+    kept = ProfileCache.load(tmp_path / PROFILE, keep_stale=True)  # to replay, as measured
+    assert kept.get("k") == (1.0, 2.0) and [c.method for c in kept.calibrations()] == [1]
+
+
+def test_rescore_needs_a_folder():
+    with pytest.raises(KeptRunError, match="name at least one folder"):
+        rescore([])
+
+
+def _row(model, strategy, sim, meas):
+    return {"model": model, "strategy": strategy, "simulated_s": sim, "measured_s": meas, "cv": 0.01,
+            "error": sim / meas - 1}
+
+
+def test_the_summary_has_the_rms_error_and_counts_the_targets_met():
+    rows = [_row("m", "data-parallel", 1.1, 1.0), _row("m", "searched", 0.9, 0.5), _row("m", "x", 2.0, 2.0)]
+    s = _summary(rows)
+    assert s["rms_error"] == pytest.approx(((0.1 ** 2 + 0.8 ** 2 + 0) / 3) ** 0.5)
+    assert s["targets_met"] == sum(s["met"].values()) and s["met"]["searched_vs_best_measured"] is True
+
+
+def test_the_cli_refuses_keep_and_rescore_where_they_do_not_apply(tmp_path, capsys):
+    assert main(["bench", "runtime", "--keep", str(tmp_path)]) == 2
+    assert "--keep and --rescore are options of `autopar bench accuracy`" in capsys.readouterr().err
+    assert main(["bench", "accuracy", "--rescore", str(tmp_path), "--quick"]) == 2
+    assert "--rescore measures nothing" in capsys.readouterr().err
+    assert main(["bench", "accuracy", "--rescore", str(tmp_path)]) == 2
+    assert "not a kept accuracy run" in capsys.readouterr().err

@@ -1,0 +1,211 @@
+"""Kept accuracy runs, simulated again with the code as it is now.
+
+    autopar bench accuracy --json --keep runs/a      # a full run, kept in runs/a
+    autopar bench accuracy --rescore runs/*          # its rows (and others') simulated again
+
+One run of `autopar bench accuracy` is one sample of a noisy machine: on the 2-vCPU VM its totals
+moved by more between runs minutes apart (median 4.9-11.0 %, mean -6.4 to +0.5 %) than most
+changes to the simulator move them (docs/simulation.md, "Nineteenth round").  A change judged on
+the next run alone is judged on the noise.  So a run can be kept: its profile cache, with the
+runtime calibration and the op times every row was simulated from, the two diagnosis profiles
+taken after each model's steps, and the benchmark's JSON with every row's plan and measured step.
+`rescore` rebuilds each kept row's strategy from its plan, simulates it from the kept profile with
+the code as it is now, and reports the errors against the same measured steps, run by run and
+pooled over all the runs given.  A change to the simulator is then scored on every kept run at
+once, in seconds, and a change that only moves the noise shows as such.
+
+The measured side never changes: ``cv``, ``searched_vs_best_measured`` and Kendall's tau's pairs
+are the runs' own.  Nor do the kept profiles: a run kept before a change to how the ops or the
+runtime are measured (`planner.cost.profile_cache.MEASUREMENT_METHOD`, `CALIBRATION_METHOD`) is
+simulated from what was measured then, and each run reports the methods it was measured by.  A
+rescore replays the simulator, not the measurements: a change to what is measured is judged on
+new runs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from autopar.planner.errors import AutoparError
+
+#: Inside a kept folder: the profile cache (op times and the runtime calibration) ...
+PROFILE = "profile.json"
+#: ... and the benchmark's JSON.
+RESULT = "accuracy.json"
+
+
+class KeptRunError(AutoparError):
+    """A folder that cannot be kept into, or a kept run that cannot be simulated again."""
+
+
+def keep_folder(path: str | os.PathLike) -> Path:
+    """The folder `path`, created, to keep a new run in; an error where it holds a run already
+    (a kept run is never written over: its measurements cannot be taken again)."""
+    folder = Path(path).expanduser()
+    if folder.exists() and not folder.is_dir():
+        raise KeptRunError(f"--keep {folder}: it is a file, not a folder; name a new folder to keep the run in")
+    taken = [n for n in (PROFILE, RESULT) if (folder / n).exists()]
+    if taken:
+        raise KeptRunError(f"--keep {folder}: it already holds a kept run ({', '.join(taken)}); name a new folder, "
+                           "or move that one away first")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise KeptRunError(f"--keep {folder}: cannot create the folder ({e.strerror}); name one you can "
+                           "write to") from e
+    return folder
+
+
+def record(folder: Path, doc: dict[str, Any]) -> Path:
+    """Write the benchmark's JSON `doc` into the kept `folder`; its path."""
+    from autopar.planner.fileio import atomic_write
+    path = folder / RESULT
+
+    def dump(fh) -> None:
+        json.dump(doc, fh, indent=1)
+        fh.write("\n")
+
+    atomic_write(path, dump)
+    return path
+
+
+def _load(folder: Path) -> tuple[dict[str, Any], Any, dict[str, int]]:
+    """(the benchmark's JSON, the profile cache, the methods it was measured by) of a kept run, or a
+    `KeptRunError` naming what is wrong."""
+    from autopar.planner.cost import ProfileCache
+    from autopar.planner.errors import CostModelError
+    result, profile = folder / RESULT, folder / PROFILE
+    missing = [p.name for p in (result, profile) if not p.is_file()]
+    if missing:
+        raise KeptRunError(f"{folder}: not a kept accuracy run (no {' or '.join(missing)}); keep one with "
+                           f"`autopar bench accuracy --keep {folder}`")
+    try:
+        doc = json.loads(result.read_text(encoding="utf-8"))
+        rows = doc["rows"]
+        if not isinstance(rows, list) or not all({"model", "strategy", "plan", "measured_s"} <= set(r) for r in rows):
+            raise KeyError("rows")
+        doc["models"], doc["calibration"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise KeptRunError(f"{result}: not the JSON `autopar bench accuracy` writes ({type(e).__name__}: {e}); "
+                           "keep the run again") from e
+    try:
+        cache = ProfileCache.load(profile, keep_stale=True)    # as it was measured, whatever the method
+    except CostModelError as e:
+        raise KeptRunError(f"{folder}: its profile cannot be read by this autopar ({e}); keep a new run") from e
+    if not cache.calibrations():
+        raise KeptRunError(f"{folder}: its profile ({profile}) holds no runtime calibration, so its rows cannot be "
+                           "simulated as the trainer runs them; keep a new run")
+    methods = {"profile": int(json.loads(profile.read_text(encoding="utf-8")).get("method", 1)),
+               "calibration": min(c.method for c in cache.calibrations())}
+    return doc, cache, methods
+
+
+def rescore_run(folder: str | os.PathLike, log: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+    """One kept run's rows simulated again from its profile with the code as it is now: per row
+    the recorded and the new simulated step and error, and both sides' totals
+    (`trainer.accuracy.totals`, over the same measured steps)."""
+    from autopar.planner.cost import CostModel
+    from autopar.planner.hardware import get_preset
+    from autopar.planner.ir import ParallelConfig, Strategy, import_spec
+    from autopar.planner.sim import TaskGraphBuilder
+    from autopar.planner.zoo import load_model, with_dtype
+
+    from .accuracy import _EXAMPLES, _OPT, WORLD
+    from .parts import furthest_off, simulate_parts
+    folder = Path(folder).expanduser()
+    doc, cache, methods = _load(folder)
+    if str(_EXAMPLES) not in sys.path:
+        sys.path.append(str(_EXAMPLES))        # the user's model, as the benchmark loads it
+    topology = get_preset(f"local:{doc.get('world_size', WORLD)}")
+    rows: list[dict[str, Any]] = []
+    by_name: dict[str, tuple[Any, Any]] = {}
+    try:
+        for m in doc["models"]:
+            spec = with_dtype(load_model(m["model"], **m["options"]), None)
+            graph = import_spec(spec)
+            by_name[graph.name] = (graph, TaskGraphBuilder(graph, topology, CostModel(cache).bind(graph), _OPT.name))
+        for r in doc["rows"]:
+            if r["model"] not in by_name:
+                raise KeptRunError(f"{folder / RESULT}: row {r['model']}/{r['strategy']} names a model the run's "
+                                   f"`models` does not list")
+            graph, builder = by_name[r["model"]]
+            configs = {op: ParallelConfig(tuple(deg), tuple(dev)) for op, (deg, dev) in r["plan"].items()}
+            sim_s, sparts, _ = simulate_parts(builder, Strategy.from_mapping(graph, configs, r["strategy"]))
+            new = {"model": r["model"], "strategy": r["strategy"], "measured_s": r["measured_s"], "cv": r["cv"],
+                   "simulated_s": sim_s, "error": sim_s / r["measured_s"] - 1.0,
+                   "recorded_simulated_s": r["simulated_s"], "recorded_error": r["error"]}
+            if sparts is not None and r.get("measured_parts_s"):
+                new["off"] = furthest_off(sparts, r["measured_parts_s"])
+            rows.append(new)
+    except AutoparError as e:
+        raise KeptRunError(f"{folder}: a kept row cannot be simulated with this code ({e})") from e
+    recorded = [{**r, "simulated_s": r["recorded_simulated_s"], "error": r["recorded_error"]} for r in rows]
+    noise = doc["calibration"].get("arrival_noise") if isinstance(doc["calibration"], dict) else None
+    out = {"folder": str(folder), "measured_by": methods, "jitter_sd_1ms_us": (noise or {}).get("jitter_sd_1ms_us"),
+           "rows": rows, "now": _summary(rows), "recorded": _summary(recorded)}
+    log(f"{folder}: {len(rows)} rows; median |error| {_pct(out['recorded']['median_abs_error'])} recorded, "
+        f"{_pct(out['now']['median_abs_error'])} now; mean {_pct(out['recorded']['mean_error'], True)} recorded, "
+        f"{_pct(out['now']['mean_error'], True)} now")
+    return out
+
+
+def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """`trainer.accuracy.totals` of `rows`, with the root mean square error and the targets met."""
+    from .accuracy import totals
+    t = totals(rows)
+    keep = ("median_abs_error", "p90_abs_error", "max_abs_error", "mean_error", "kendall_tau", "kendall_pairs",
+            "searched_vs_best_measured", "met")
+    return {**{k: t[k] for k in keep}, "rms_error": math.sqrt(statistics.fmean(r["error"] ** 2 for r in rows)),
+            "targets_met": sum(t["met"].values())}
+
+
+def rescore(folders: list[str | os.PathLike], progress: bool = True) -> dict[str, Any]:
+    """Every kept run in `folders` simulated again (`rescore_run`), and the totals of all their rows
+    pooled, recorded and now; Kendall's tau pooled counts only pairs within one model of one run."""
+    def log(msg: str) -> None:
+        if progress:
+            print(msg, file=sys.stderr, flush=True)
+
+    if not folders:
+        raise KeptRunError("--rescore: name at least one folder a run was kept in (`autopar bench accuracy --keep`)")
+    runs = [rescore_run(f, log) for f in folders]
+    pooled_now, pooled_recorded = [], []
+    for k, run in enumerate(runs):
+        for r in run["rows"]:
+            key = {"model": f"{k}:{r['model']}"}            # tau and the searched plan stay within a run
+            pooled_now.append({**r, **key})
+            pooled_recorded.append({**r, **key, "simulated_s": r["recorded_simulated_s"], "error": r["recorded_error"]})
+    return {"runs": runs, "pooled": {"rows": len(pooled_now), "now": _summary(pooled_now),
+                                     "recorded": _summary(pooled_recorded)}}
+
+
+def _pct(x: float | None, signed: bool = False) -> str:
+    return "n/a" if x is None else f"{100 * x:{'+' if signed else ''}.1f} %"
+
+
+def print_rescore(doc: dict[str, Any]) -> None:
+    """A table: per kept run and pooled, each total recorded and now, and the targets met."""
+    from rich.console import Console
+    from rich.table import Table
+    table = Table(title="kept accuracy runs, simulated again with this code (the measured steps are the runs' own)")
+    for col in ("run", "rows", "median |error|", "p90", "max", "mean", "rms", "tau (pairs)", "targets met"):
+        table.add_column(col, justify="left" if col == "run" else "right")
+
+    def line(name: str, n: int, s: dict[str, Any]) -> list[str]:
+        tau = "n/a" if s["kendall_tau"] is None else f"{s['kendall_tau']:.2f}"
+        return [name, str(n), _pct(s["median_abs_error"]), _pct(s["p90_abs_error"]), _pct(s["max_abs_error"]),
+                _pct(s["mean_error"], True), _pct(s["rms_error"]), f"{tau} ({s['kendall_pairs']})",
+                f"{s['targets_met']} of {len(s['met'])}"]
+
+    for run in doc["runs"]:
+        for when in ("recorded", "now"):
+            table.add_row(*line(f"{run['folder']} ({when})", len(run["rows"]), run[when]))
+    for when in ("recorded", "now"):
+        table.add_row(*line(f"pooled ({when})", doc["pooled"]["rows"], doc["pooled"][when]))
+    Console(width=None if sys.stdout.isatty() else 160).print(table)
