@@ -34,7 +34,9 @@ is: run it when nothing else competes for the cores.  `calibrate(world)` measure
    threads yielding to the call as they do while the trainer waits for its buckets
    (`trainer.launch.own_gloo_call`, `trainer.sync.GradSync.finish`).  Each member times its
    own call after a world barrier; a repetition lasts as long as its slowest member, and the curve
-   is fitted to the mean of those maxima.
+   is fitted to the mean of those maxima.  Here and in 1., every repetition takes every size in
+   turn (`_interleaved`), so that a slow spell of the machine lands on all sizes alike rather than
+   on those timed during it (calibration method 10).
 3. **Per-op overheads** (``fwd_task_s``, ``bwd_task_s``) as intercepts of the real runtime: small
    synthetic models — a chain of K elementwise ops (``tanh``) and a chain of K small linear
    layers, each at several K — are imported like a user's model (`planner.ir.import_spec`) and
@@ -125,7 +127,9 @@ is: run it when nothing else competes for the cores.  `calibrate(world)` measure
    message one way; its latencies, from the sender's entry to the receiver's return
    (`one_way_latencies`), give ``p2p_oneway`` (`in_step_curve`): 0.12 ms at 2 KiB, 0.23 ms at
    128 KiB, 0.35 ms at 512 KiB and 0.94 ms at 2 MiB here, what a transformer's one-way messages
-   took in its model-parallel steps (128 KiB 0.18-0.24 ms, 256 KiB 0.24-0.36 ms).
+   took in its model-parallel steps (128 KiB 0.18-0.24 ms, 256 KiB 0.24-0.36 ms).  Both chains
+   take their batches' steps in turn (`_interleaved`): batch after batch, two calibrations of one
+   morning put 2 MiB one way at 8.3 and 8.9 ms, and one between them at 0.94 ms.
    The two-way chain's timestamps also say how much the ranks' arrivals at an exchange vary
    from step to step (`arrival_noise`): the variance two ranks' offset gains per second each
    runs (``jitter``) and the variance it has as they leave an exchange (``leave_var``), by size;
@@ -185,7 +189,7 @@ import statistics
 import time
 from collections import defaultdict
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -301,6 +305,22 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+T = TypeVar("T")
+
+
+def _interleaved(cases: Sequence[T], reps: int) -> Iterator[tuple[int, T]]:
+    """(repetition, case): every repetition takes every case once, starting one case further each
+    time.  Timed one case after another, the cases timed first took whatever state the machine
+    was in then: on the 2-vCPU VM (2026-11-28) the all-reduces of 4 B to 16 KiB, timed first,
+    took 4.5-18 ms (median) and the rest 0.4-0.8 ms up to 1 MiB, and made monotone the curve
+    charged 5.6 ms for every all-reduce up to 4 MiB.  Taken in turn, a slow spell of the machine
+    lands on all of them alike (docs/simulation.md, "Twentieth round")."""
+    for rep in range(reps):
+        k = rep % len(cases)
+        for case in cases[k:] + cases[:k]:
+            yield rep, case
+
+
 def _comm_rank(rank: int, world: int, cfg: Settings, kind: str = "cpu") -> dict | None:
     from .comm import exchange_many, wait_all
 
@@ -309,45 +329,42 @@ def _comm_rank(rank: int, world: int, cfg: Settings, kind: str = "cpu") -> dict 
     groups = {r: dist.new_group(list(range(r))) for r in range(2, world + 1)}   # same order on every rank
     track_gloo_loops()              # as the trainer's groups (`ProcessGroups.create`)
     dist.barrier()
-    # Point to point, rank 0 -> rank 1; the others only join the barriers.
-    p2p: dict[int, list[float]] = {}
-    for size in cfg.sizes:
+    # Point to point, rank 0 -> rank 1; the others only join the barriers.  Every repetition passes
+    # over all the sizes (`_interleaved`).
+    p2p: dict[int, list[float]] = {size: [] for size in cfg.sizes}
+    sends = {size: torch.randn(max(1, size // 4), device=device) for size in cfg.sizes} if rank == 0 else {}
+    for rep, size in _interleaved(cfg.sizes, cfg.warmup_reps + cfg.p2p_reps):
         n = max(1, size // 4)
-        send = torch.randn(n, device=device) if rank == 0 else None
-        waits = []
-        for rep in range(cfg.warmup_reps + cfg.p2p_reps):
-            dist.barrier()
-            if rank == 0:
-                pending: list = []
-                exchange_many({(1, 0): send}, {}, device, pending)
-                _busy(BUSY_S, a)
-                wait_all(pending)
-            elif rank == 1:
-                t0 = time.perf_counter()
-                exchange_many({}, {(0, 0): (n, torch.float32)}, device, [])
-                _sync(device)
-                if rep >= cfg.warmup_reps:
-                    waits.append(time.perf_counter() - t0)
-        p2p[size] = waits
-    # All-reduce among ranks 0..r-1 for every r.
+        dist.barrier()
+        if rank == 0:
+            pending: list = []
+            exchange_many({(1, 0): sends[size]}, {}, device, pending)
+            _busy(BUSY_S, a)
+            wait_all(pending)
+        elif rank == 1:
+            t0 = time.perf_counter()
+            exchange_many({}, {(0, 0): (n, torch.float32)}, device, [])
+            _sync(device)
+            if rep >= cfg.warmup_reps:
+                p2p[size].append(time.perf_counter() - t0)
+    # All-reduce among ranks 0..r-1 for every r, all the (r, size) cases in every repetition.
     mine: list[float] = []
     layout: list[tuple[int, int]] = []
-    for r, group in groups.items():
-        for size in cfg.sizes:
-            t = torch.randn(max(1, size // 4), device=device)
-            for rep in range(cfg.warmup_reps + cfg.allreduce_reps):
-                dist.barrier()
-                if rank < r:
-                    t0 = time.perf_counter()
-                    with own_gloo_call():    # as the trainer waits for its buckets (`GradSync.finish`)
-                        dist.all_reduce(t, group=group)
-                    _sync(device)
-                    dt = time.perf_counter() - t0
-                else:
-                    dt = 0.0
-                if rep >= cfg.warmup_reps:
-                    mine.append(dt)
-                    layout.append((r, size))
+    tensors = {size: torch.randn(max(1, size // 4), device=device) for size in cfg.sizes}
+    cases = [(r, size) for r in groups for size in cfg.sizes]
+    for rep, (r, size) in _interleaved(cases, cfg.warmup_reps + cfg.allreduce_reps):
+        dist.barrier()
+        if rank < r:
+            t0 = time.perf_counter()
+            with own_gloo_call():    # as the trainer waits for its buckets (`GradSync.finish`)
+                dist.all_reduce(tensors[size], group=groups[r])
+            _sync(device)
+            dt = time.perf_counter() - t0
+        else:
+            dt = 0.0
+        if rep >= cfg.warmup_reps:
+            mine.append(dt)
+            layout.append((r, size))
     every = [torch.zeros(len(mine), dtype=torch.float64, device=device) for _ in range(world)]
     dist.all_gather(every, torch.tensor(mine, dtype=torch.float64, device=device))
     p2p_all = [None] * world
@@ -1076,28 +1093,29 @@ def _in_situ_rank(rank: int, world: int, cfg: "Settings", one_way: bool = False)
             return out
         return wrapper
 
-    out: dict[int, dict[str, list]] = {}
     with contextlib.ExitStack() as patches:
         patches.enter_context(_patched(rt_mod, "exchange_many", exchange))
         patches.enter_context(_patched(RecvAhead, "_post", timed_post))
         for name, part, count in _STAGING_FUNCTIONS:
             patches.enter_context(_patched(rt_mod, name, staged(name, part, count)))
-        for batch in IN_SITU_BATCHES:
-            tr = Trainer(in_situ_job(world, batch, one_way), rank, world, ProcessGroups())
-            rows = out[batch] = {"times": [], "calls": [], "staging": [], "posting": []}
-            for s in range(cfg.warmup_steps + cfg.in_situ_steps):
-                dist.barrier()
-                calls.clear()
-                for a in acc:
-                    a[:] = [0.0, 0, 0]
-                posting[:] = [0.0, 0]
-                t0 = time.perf_counter()
-                tr.train_step(s)
-                if s >= cfg.warmup_steps:
-                    rows["times"].append(time.perf_counter() - t0)
-                    rows["calls"].append(list(calls))
-                    rows["staging"].append([tuple(a) for a in acc])
-                    rows["posting"].append(tuple(posting))
+        trainers = {batch: Trainer(in_situ_job(world, batch, one_way), rank, world, ProcessGroups())
+                    for batch in IN_SITU_BATCHES}
+        out = {batch: {"times": [], "calls": [], "staging": [], "posting": []} for batch in IN_SITU_BATCHES}
+        # The batches' steps in turn (`_interleaved`, stage 6 of the module docstring).
+        for s, batch in _interleaved(IN_SITU_BATCHES, cfg.warmup_steps + cfg.in_situ_steps):
+            tr, rows = trainers[batch], out[batch]
+            dist.barrier()
+            calls.clear()
+            for a in acc:
+                a[:] = [0.0, 0, 0]
+            posting[:] = [0.0, 0]
+            t0 = time.perf_counter()
+            tr.train_step(s)
+            if s >= cfg.warmup_steps:
+                rows["times"].append(time.perf_counter() - t0)
+                rows["calls"].append(list(calls))
+                rows["staging"].append([tuple(a) for a in acc])
+                rows["posting"].append(tuple(posting))
     return out
 
 

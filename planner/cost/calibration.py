@@ -170,8 +170,10 @@ class Curve:
 #: 7: drawing a step's synthetic batch (``draw``).  8: how ranks' arrivals at an exchange vary
 #: (``jitter``, ``latency_var``, ``leave_var``).  9: the arrival noise over the in-situ chain's
 #: two-way exchanges only (8 put ``leave_var`` 10-15x too high in sd;
-#: `autopar.trainer.calibrate.arrival_noise`).
-CALIBRATION_METHOD = 9
+#: `autopar.trainer.calibrate.arrival_noise`).  10: point-to-point and all-reduce sizes, and the
+#: in-situ chains' batches, taken in turn in every repetition, not one after another
+#: (`autopar.trainer.calibrate._interleaved`).
+CALIBRATION_METHOD = 10
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@ import pytest
 
 from autopar.planner.cost import Curve, ProfileCache
 from autopar.planner.cost.calibration import CALIBRATION_METHOD, STAGING_PARTS, RuntimeCalibration
-from autopar.trainer.calibrate import (IN_SITU_BATCHES, QUICK_SIZES, arrival_noise, calibrate, fit_draw, fit_intercept,
+from autopar.trainer.calibrate import (IN_SITU_BATCHES, QUICK_SIZES, _interleaved, arrival_noise, calibrate, fit_draw,
+                                      fit_intercept,
                                       fit_optimizer,
                                       in_situ_job, issue_curve, message_latencies, message_serial,
                                       one_way_latencies, receive_posting, spread, staging_curves)
@@ -19,6 +20,12 @@ def _monotone_positive(points) -> bool:
     xs = [x for x, _ in points]
     ys = [y for _, y in points]
     return all(y > 0 for y in ys) and all(b > a for a, b in zip(xs, xs[1:])) and all(b >= a for a, b in zip(ys, ys[1:]))
+
+
+def test_every_repetition_takes_every_size_once_starting_one_further_each_time():
+    got = list(_interleaved([4, 1024, 65536], 4))
+    assert [rep for rep, _ in got] == [0] * 3 + [1] * 3 + [2] * 3 + [3] * 3
+    assert [case for _, case in got] == [4, 1024, 65536, 1024, 65536, 4, 65536, 4, 1024, 4, 1024, 65536]
 
 
 @pytest.mark.distributed
