@@ -177,7 +177,11 @@ def report_progress(client: KubeClient, namespace: str, job: str, metrics_url: s
                 warned = True
         else:
             last_seen = clock()
-            window = step_seconds(now, before)
+            # A scrape that saw no step end since the last one keeps the last window: the mean of
+            # every step so far (warm-up included) would replace it until the next step ended.
+            fresh = before is None or (now.seconds_count, now.seconds_sum) != (before.seconds_count,
+                                                                               before.seconds_sum)
+            window = step_seconds(now, before) if fresh else None
             measured = window if window is not None else measured
             before = now
             fields = progress_fields(now.step if now.step is not None else now.steps, measured, now.predicted)

@@ -59,6 +59,7 @@ those errors' totals.
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import random
 import statistics
@@ -71,6 +72,7 @@ from typing import Any, Callable
 
 import torch.distributed as dist
 
+from autopar.planner.errors import AutoparError
 from autopar.planner.zoo import with_dtype
 
 from .comm import ProcessGroups
@@ -525,6 +527,49 @@ def cache_share_held_out(rows: list[dict[str, Any]], fit_models: int = 2) -> dic
 
 # -- the benchmark ---------------------------------------------------------------------------------
 
+# -- keeping a run (`trainer.rescore` simulates kept runs again) ---------------------------------
+
+#: Inside a kept folder: the profile cache (op times and the runtime calibration) ...
+PROFILE = "profile.json"
+#: ... and the benchmark's JSON.
+RESULT = "accuracy.json"
+
+
+class KeptRunError(AutoparError):
+    """A folder that cannot be kept into, or a kept run that cannot be simulated again."""
+
+
+def keep_folder(path: str | os.PathLike) -> Path:
+    """The folder `path`, created, to keep a new run in; an error where it holds a run already
+    (a kept run is never written over: its measurements cannot be taken again)."""
+    folder = Path(path).expanduser()
+    if folder.exists() and not folder.is_dir():
+        raise KeptRunError(f"--keep {folder}: it is a file, not a folder; name a new folder to keep the run in")
+    taken = [n for n in (PROFILE, RESULT) if (folder / n).exists()]
+    if taken:
+        raise KeptRunError(f"--keep {folder}: it already holds a kept run ({', '.join(taken)}); name a new folder, "
+                           "or move that one away first")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise KeptRunError(f"--keep {folder}: cannot create the folder ({e.strerror}); name one you can "
+                           "write to") from e
+    return folder
+
+
+def record(folder: Path, doc: dict[str, Any]) -> Path:
+    """Write the benchmark's JSON `doc` into the kept `folder`; its path."""
+    from autopar.planner.fileio import atomic_write
+    path = folder / RESULT
+
+    def dump(fh) -> None:
+        json.dump(doc, fh, indent=1)
+        fh.write("\n")
+
+    atomic_write(path, dump)
+    return path
+
+
 def run_accuracy_bench(quick: bool = False, progress: bool = True,
                        models: tuple[tuple[str, dict[str, Any]], ...] = MODELS, keep: str | os.PathLike | None = None,
                        **overrides: Any) -> dict[str, Any]:
@@ -536,7 +581,7 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
     runtime is calibrated as `autopar profile` calibrates it for a user, also under `quick`
     (``quick_calibration`` takes the quick one, for tests).  `keep`: a new folder to keep the run
     in, for `trainer.rescore` to simulate its rows again with later code: its profile cache with
-    the calibration, the diagnosis's profiles and the benchmark's JSON (`rescore.keep_folder`)."""
+    the calibration, the diagnosis's profiles and the benchmark's JSON (`keep_folder`)."""
     from autopar.planner.cost import CostModel, ProfileCache, profile_local
     from autopar.planner.hardware import get_preset
     from autopar.planner.ir import import_spec
@@ -556,7 +601,6 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
     t_all = time.perf_counter()
     kept = None
     if keep is not None:
-        from .rescore import PROFILE, keep_folder
         kept = keep_folder(keep)
         cfg["profile_cache"], cfg["recalibrate"] = kept / PROFILE, True
     with tempfile.TemporaryDirectory(prefix="autopar-accuracy-") as tmp:
@@ -642,7 +686,6 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
                              "per_model": speed},
            "wall_seconds": time.perf_counter() - t_all}
     if kept is not None:
-        from .rescore import record
         cache.save()
         record(kept, doc)
         log(f"kept the run in {kept}: `autopar bench accuracy --rescore {kept}` simulates its rows again")

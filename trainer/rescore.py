@@ -34,46 +34,7 @@ from typing import Any, Callable
 
 from autopar.planner.errors import AutoparError
 
-#: Inside a kept folder: the profile cache (op times and the runtime calibration) ...
-PROFILE = "profile.json"
-#: ... and the benchmark's JSON.
-RESULT = "accuracy.json"
-
-
-class KeptRunError(AutoparError):
-    """A folder that cannot be kept into, or a kept run that cannot be simulated again."""
-
-
-def keep_folder(path: str | os.PathLike) -> Path:
-    """The folder `path`, created, to keep a new run in; an error where it holds a run already
-    (a kept run is never written over: its measurements cannot be taken again)."""
-    folder = Path(path).expanduser()
-    if folder.exists() and not folder.is_dir():
-        raise KeptRunError(f"--keep {folder}: it is a file, not a folder; name a new folder to keep the run in")
-    taken = [n for n in (PROFILE, RESULT) if (folder / n).exists()]
-    if taken:
-        raise KeptRunError(f"--keep {folder}: it already holds a kept run ({', '.join(taken)}); name a new folder, "
-                           "or move that one away first")
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise KeptRunError(f"--keep {folder}: cannot create the folder ({e.strerror}); name one you can "
-                           "write to") from e
-    return folder
-
-
-def record(folder: Path, doc: dict[str, Any]) -> Path:
-    """Write the benchmark's JSON `doc` into the kept `folder`; its path."""
-    from autopar.planner.fileio import atomic_write
-    path = folder / RESULT
-
-    def dump(fh) -> None:
-        json.dump(doc, fh, indent=1)
-        fh.write("\n")
-
-    atomic_write(path, dump)
-    return path
-
+from .accuracy import _EXAMPLES, _OPT, PROFILE, RESULT, WORLD, KeptRunError, keep_folder, record, totals
 
 def _load(folder: Path) -> tuple[dict[str, Any], Any, dict[str, int]]:
     """(the benchmark's JSON, the profile cache, the methods it was measured by) of a kept run, or a
@@ -116,7 +77,6 @@ def rescore_run(folder: str | os.PathLike, log: Callable[[str], None] = lambda _
     from autopar.planner.sim import TaskGraphBuilder
     from autopar.planner.zoo import load_model, with_dtype
 
-    from .accuracy import _EXAMPLES, _OPT, WORLD
     from .parts import furthest_off, simulate_parts
     folder = Path(folder).expanduser()
     doc, cache, methods = _load(folder)
@@ -143,6 +103,8 @@ def rescore_run(folder: str | os.PathLike, log: Callable[[str], None] = lambda _
             if sparts is not None and r.get("measured_parts_s"):
                 new["off"] = furthest_off(sparts, r["measured_parts_s"])
             rows.append(new)
+    except KeptRunError:
+        raise
     except AutoparError as e:
         raise KeptRunError(f"{folder}: a kept row cannot be simulated with this code ({e})") from e
     recorded = [{**r, "simulated_s": r["recorded_simulated_s"], "error": r["recorded_error"]} for r in rows]
@@ -157,7 +119,6 @@ def rescore_run(folder: str | os.PathLike, log: Callable[[str], None] = lambda _
 
 def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """`trainer.accuracy.totals` of `rows`, with the root mean square error and the targets met."""
-    from .accuracy import totals
     t = totals(rows)
     keep = ("median_abs_error", "p90_abs_error", "max_abs_error", "mean_error", "kendall_tau", "kendall_pairs",
             "searched_vs_best_measured", "met")
@@ -209,3 +170,6 @@ def print_rescore(doc: dict[str, Any]) -> None:
     for when in ("recorded", "now"):
         table.add_row(*line(f"pooled ({when})", doc["pooled"]["rows"], doc["pooled"][when]))
     Console(width=None if sys.stdout.isatty() else 160).print(table)
+
+
+__all__ = ["PROFILE", "RESULT", "KeptRunError", "keep_folder", "print_rescore", "record", "rescore", "rescore_run"]

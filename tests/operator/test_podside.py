@@ -11,6 +11,7 @@ import http.server
 import json
 import logging
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -452,6 +453,36 @@ def test_report_progress_once_without_metrics_or_permission(metrics, caplog):
     flaky = _FakeApi(KubeError(503, "ServiceUnavailable", "etcd leader changed"))
     assert report_progress(flaky, "ns", "j", url, once=True) == EXIT_NOTHING
     assert "will retry" in caplog.text
+
+
+def test_a_scrape_with_no_new_step_keeps_the_last_window(metrics):
+    """Scrapes between two steps' ends report the last window, never the mean with the warm-up."""
+    api, stop = _FakeApi(), threading.Event()
+    metrics.record(1.0, loss=2.3, samples=8)                  # a slow first step, then fast ones
+    url = f"http://127.0.0.1:{metrics.port}/metrics"
+    worker = threading.Thread(target=report_progress, args=(api, "ns", "j", url),
+                              kwargs={"interval": 0.01, "stop": stop})
+    worker.start()
+    try:
+        _until(lambda: api.patches)
+        for _ in range(3):
+            metrics.record(0.02, loss=2.0, samples=8)
+        _until(lambda: api.patches[-1][1]["status"]["completedSteps"] == 4)
+        seen = len(api.patches)
+        time.sleep(0.2)                                        # about 20 scrapes that see no new step
+    finally:
+        stop.set()
+        worker.join(10)
+    reported = [b["status"]["actualStepSeconds"] for _, b, _ in api.patches]
+    assert reported[0] == pytest.approx(1.0) and reported[1:] == pytest.approx([0.02] * (len(reported) - 1))
+    assert len(api.patches) == seen
+
+
+def _until(cond, timeout: float = 10.0) -> None:
+    end = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.005)
 
 
 def test_report_progress_stops_on_sigterm_before_the_trainer_starts():
