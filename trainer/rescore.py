@@ -36,6 +36,7 @@ from autopar.planner.errors import AutoparError
 
 from .accuracy import _EXAMPLES, _OPT, PROFILE, RESULT, WORLD, KeptRunError, keep_folder, record, totals
 
+
 def _load(folder: Path) -> tuple[dict[str, Any], Any, dict[str, int]]:
     """(the benchmark's JSON, the profile cache, the methods it was measured by) of a kept run, or a
     `KeptRunError` naming what is wrong."""
