@@ -311,7 +311,7 @@ T = TypeVar("T")
 def _interleaved(cases: Sequence[T], reps: int) -> Iterator[tuple[int, T]]:
     """(repetition, case): every repetition takes every case once, starting one case further each
     time.  Timed one case after another, the cases timed first took whatever state the machine
-    was in then: on the 2-vCPU VM (2026-11-28) the all-reduces of 4 B to 16 KiB, timed first,
+    was in then: on a 2-vCPU Xeon VM (2026-11-28) the all-reduces of 4 B to 16 KiB, timed first,
     took 4.5-18 ms (median) and the rest 0.4-0.8 ms up to 1 MiB, and made monotone the curve
     charged 5.6 ms for every all-reduce up to 4 MiB.  Taken in turn, a slow spell of the machine
     lands on all of them alike (docs/simulation.md, "Twentieth round")."""
