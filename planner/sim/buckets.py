@@ -12,7 +12,9 @@ A parameter's gradient is final after the backward pass of its *first* user in g
 that share it, unrolled recurrent steps, have all added their part by then), so cells become
 ready in reverse graph order; they join the open bucket of their (device set, dtype) in that
 order, and a bucket that reaches the size is closed and issued after that op's backward pass
-(``after_op``).  What is left open is issued at the end of the backward pass (``after_op`` 0).
+(``after_op``).  What is left open is final once its last cell is, and is issued then: the
+trainer's gradient hooks see that its parameters have all their contributions, however small the
+bucket (`autopar.trainer.sync.GradSync`).  Buckets are issued in the order they become final.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ def plan_buckets(graph: OperatorGraph, holdings: Mapping[str, Mapping[int, Seque
         ready.setdefault(min(graph.index[u] for u in users), []).append(p)
     open_: dict[tuple[tuple[int, ...], str], list[tuple[str, Box]]] = {}
     size: dict[tuple[tuple[int, ...], str], int] = {}
+    last: dict[tuple[tuple[int, ...], str], int] = {}   # the op after whose backward the open bucket is final
     out: list[SyncBucket] = []
     for i in range(len(graph.ops) - 1, -1, -1):
         for p in ready.get(i, ()):
@@ -59,8 +62,11 @@ def plan_buckets(graph: OperatorGraph, holdings: Mapping[str, Mapping[int, Seque
                 key = (holders, spec.dtype)
                 open_.setdefault(key, []).append((p, box))
                 size[key] = size.get(key, 0) + volume(box) * DTYPE_BYTES[spec.dtype]
+                last[key] = i
                 if size[key] >= bucket_bytes:
                     out.append(SyncBucket(holders, tuple(open_.pop(key)), i, spec.dtype, size.pop(key)))
     for key in sorted(open_):
-        out.append(SyncBucket(key[0], tuple(open_[key]), 0, key[1], size[key]))
+        out.append(SyncBucket(key[0], tuple(open_[key]), last[key], key[1], size[key]))
+    # Issue order is the order buckets become final (a stable sort keeps the full buckets' order).
+    out.sort(key=lambda b: -b.after_op)
     return out

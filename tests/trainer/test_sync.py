@@ -81,3 +81,15 @@ def test_full_buckets_leave_at_the_op_that_fills_them():
     s = Strategy.from_mapping(g, {op.name: ParallelConfig((2,) + (1,) * (len(op.pardims) - 1), (0, 1)) for op in g.ops})
     buckets = plan_buckets(ExecutionPlan(g, s, 2), bucket_bytes=100)
     assert [(b.after_op, [e.param for e in b.entries]) for b in buckets] == [(3, ["v"]), (1, ["w"])]
+
+
+def test_a_bucket_that_never_fills_leaves_when_its_last_cell_is_final_and_in_that_order():
+    """The trainer's gradient hooks issue a bucket as soon as all its cells are final, full or not
+    (`GradSync`): v (op c, devices 1 and 2) is final after op c's backward, long before w (ops a
+    and b, devices 0 and 1), so its bucket goes first, whatever the device sets' order."""
+    g = _shared_graph()
+    s = Strategy.from_mapping(g, {"x": ParallelConfig((2,), (0, 1)), "a": ParallelConfig((2, 1), (0, 1)),
+                                  "b": ParallelConfig((2, 1), (0, 1)), "c": ParallelConfig((2, 1), (1, 2))})
+    buckets = plan_buckets(ExecutionPlan(g, s, 3), bucket_bytes=1 << 30)
+    assert [(b.devices, b.after_op, [e.param for e in b.entries]) for b in buckets] == [
+        ((1, 2), 3, ["v"]), ((0, 1), 1, ["w"])]
