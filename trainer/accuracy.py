@@ -14,9 +14,17 @@ overheads, point-to-point and all-reduce times under load, the optimizer), as `a
 
 1. its op costs are measured on this machine into a private profile cache (`autopar profile`);
 2. the strategies are data parallelism, model parallelism, the expert strategy (where the model
-   has one), OptCNN's, the plan `autopar plan` finds (MCMC from several starts) and random valid
-   plans — at least six;
-3. each is simulated on ``local:2`` with that cost model (what `autopar plan` believes), and
+   has one), OptCNN's, the plan `autopar plan` finds with that profile (MCMC from several
+   starts) and random valid plans — at least six;
+3. each is simulated on ``local:2`` with the op costs profiled again right before the steps and
+   right after them, averaged op by op (`ROW_PROFILE`, `ProfileCache.mean`).  A shared machine's
+   speed moves by a quarter within a minute (the compute probe of `speed_probe` took 10.4 to
+   16.5 ms within one model's profile and steps on the Xeon VM of 2026-11-28), and the search
+   takes half a minute: a profile taken before it prices the machine as it was then.  Profiles
+   on both sides of the measurement cancel a drift that is linear over it, as interleaving the
+   strategies' blocks does for the measured side.  Each row also carries the step simulated with
+   the search's own profile (``simulated_search_profile_s``; ``search_profile`` totals), what
+   `autopar plan` believed;
 4. trained on 2 gloo ranks of one thread each for `warmup` + `steps` steps.  All strategies of a
    model train inside the same two processes, in blocks of consecutive steps taken in turn
    (`_measure`), so they see the same machine load and each step runs as in a user's run; a
@@ -45,9 +53,9 @@ two's -- reported, never applied.  And ``machine_speed``: a fixed workload, comp
 memory-bound, the latter also on two cores at once (`speed_probe`), timed before and after each
 model's profile and its steps, so that a row's error can be read against how much the machine's
 own speed moved between the two -- reported, never applied.  And ``diagnosis`` (``diagnose``, on
-by default): right after its steps, each model is profiled twice more, once as before and once
-with the last-level cache evicted before every call (`planner.cost.cache_evictor`), and every
-row is simulated with both.  The first says how far the machine's own speed moved the profile
+by default): every row is simulated with the profile taken after the steps alone, and with one
+more taken then with the last-level cache evicted before every call
+(`planner.cost.cache_evictor`).  The first says how far the machine's own speed moved the profile
 while the steps ran; the second bounds what the ops cost when their data comes from memory, and
 a row's ``compute_cache_share`` says where its measured compute lies between the two --
 reported, never applied.  And ``mean_arrivals``: where the calibration measured the ranks'
@@ -416,29 +424,39 @@ def _drift(probes: list[dict[str, float]]) -> dict[str, Any]:
 _Simulated = tuple[float, dict[str, float], int]       # `simulate_parts`
 
 
+def _profile_again(model: str, options: dict[str, Any], graph, calibration, folder: Path, tag: str,
+                   cfg: dict[str, Any], log: Callable[[str], None], level: str = "l2"):
+    """`model` profiled again into a cache of its own (``<graph>-<tag>.json`` in `folder`, kept
+    with a kept run) with the same runtime calibration: ``level`` "l2" as the main profile (the
+    L2 left cold before each call), "llc" with the last-level cache left cold too
+    (`planner.cost.cache_evictor`)."""
+    from autopar.planner.cost import ProfileCache, profile_local
+    cache = ProfileCache.load(folder / f"{graph.name}-{tag}.json")
+    cache.put_calibration(calibration)
+    t0 = time.perf_counter()
+    profile_local([model], workers=WORLD, options=options, cache=cache, repeats=cfg["profile_repeats"], warmup=2,
+                  cache_level=level)
+    log(f"  profiled {tag.replace('_', ' ')}{' with the last-level cache evicted' if level == 'llc' else ''} "
+        f"in {time.perf_counter() - t0:.0f} s")
+    return cache
+
+
 def _diagnose(model: str, options: dict[str, Any], graph, topology, calibration, plans: dict[str, Any], folder: Path,
-              cfg: dict[str, Any], log: Callable[[str], None]) -> dict[str, dict[str, _Simulated]]:
-    """Two more profiles of `model`, taken right after its steps, each into a cache of its own
-    with the same runtime calibration, and `plans` simulated with each: ``"after_steps"``
-    profiled as the first (the L2 left cold before each call), ``"llc"`` with the last-level
-    cache left cold too (`planner.cost.cache_evictor`).  tag -> plan name -> `simulate_parts`.
+              after, cfg: dict[str, Any], log: Callable[[str], None]) -> dict[str, dict[str, _Simulated]]:
+    """`plans` simulated with the profile taken right after the steps alone (`after`) and with one
+    more, taken then with the last-level cache left cold before every call: tag (``"after_steps"``,
+    ``"llc"``) -> plan name -> `simulate_parts`.
 
     The first shows how far this machine's speed moved the profile in the minute the steps took
     (on the 2-vCPU VM of 2026-11-27, rnnlm's data-parallel compute was profiled at 81.4 ms before
     its steps and 97.3 ms after them); the second bounds what a step's ops cost when their data
     comes from memory.  Where a row's measured compute falls between the two is its
     ``compute_cache_share``."""
-    from autopar.planner.cost import CostModel, ProfileCache, profile_local
+    from autopar.planner.cost import CostModel
     from autopar.planner.sim import TaskGraphBuilder
+    llc = _profile_again(model, options, graph, calibration, folder, "llc", cfg, log, level="llc")
     out = {}
-    for tag, level in (("after_steps", "l2"), ("llc", "llc")):
-        cache = ProfileCache.load(folder / f"{graph.name}-{tag}.json")
-        cache.put_calibration(calibration)
-        t0 = time.perf_counter()
-        profile_local([model], workers=WORLD, options=options, cache=cache, repeats=cfg["profile_repeats"], warmup=2,
-                      cache_level=level)
-        log(f"  profiled again{' with the last-level cache evicted' if level == 'llc' else ''} "
-            f"in {time.perf_counter() - t0:.0f} s")
+    for tag, cache in (("after_steps", after), ("llc", llc)):
         builder = TaskGraphBuilder(graph, topology, CostModel(cache).bind(graph), _OPT.name)
         out[tag] = {name: simulate_parts(builder, s) for name, s in plans.items()}
     return out
@@ -468,6 +486,16 @@ def _mean_arrivals(builder, plans: dict[str, Any]) -> dict[str, float]:
     return {name: simulate_strategy(plain, s)[0].step_time for name, s in plans.items()}
 
 
+def search_profile_totals(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The rows' errors with the profile the search used (``simulated_search_profile_s``), taken
+    before the search, a minute or more before the steps; None where no row has it."""
+    rows = [r for r in rows if "simulated_search_profile_s" in r]
+    if not rows:
+        return None
+    return {"about": "each row simulated with the profile the search used, taken before the search; reported",
+            **_error_stats([r["error_search_profile"] for r in rows])}
+
+
 def mean_arrival_totals(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The rows' errors had each wait been priced between mean arrivals (``simulated_mean_arrivals_s``),
     reported beside the model's; None where no row has it."""
@@ -490,8 +518,9 @@ def diagnosis_totals(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     change = [abs(r["diagnosis"]["simulated_after_steps_s"] / r["simulated_s"] - 1.0) for r in rows]
     shares = sorted(r["diagnosis"]["compute_cache_share"] for r in rows
                     if r["diagnosis"]["compute_cache_share"] is not None)
-    return {"about": "each model profiled twice more right after its steps, the L2 left cold before each call "
-                     "as in the main profile and with the last-level cache cold too; reported, never applied",
+    return {"about": "each row simulated with the profile taken right after its steps alone (the L2 left cold "
+                     "before each call, as in every profile) and with one taken then with the last-level cache "
+                     "cold too; reported, never applied",
             "profile_after_steps": {**_error_stats([r["diagnosis"]["error_after_steps"] for r in rows]),
                                     "median_change": statistics.median(change), "max_change": max(change)},
             "llc_evicted": _error_stats([r["diagnosis"]["error_llc"] for r in rows]),
@@ -528,6 +557,11 @@ def cache_share_held_out(rows: list[dict[str, Any]], fit_models: int = 2) -> dic
 # -- the benchmark ---------------------------------------------------------------------------------
 
 # -- keeping a run (`trainer.rescore` simulates kept runs again) ---------------------------------
+
+#: How the rows' simulated steps were priced (``row_profile`` in the JSON; `trainer.rescore` replays
+#: the runs that say so the same way): each op time the mean of the model's two profiles taken
+#: right before and right after its steps (``<model>-before_steps.json``, ``<model>-after_steps.json``).
+ROW_PROFILE = "mean of before_steps and after_steps"
 
 #: Inside a kept folder: the profile cache (op times and the runtime calibration) ...
 PROFILE = "profile.json"
@@ -626,22 +660,28 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
             probes.append(speed_probe())
             cost = CostModel(cache).bind(graph)
             chosen = strategies(graph, topology, cost, spec.module, cfg, log)
-            builder = TaskGraphBuilder(graph, topology, cost, _OPT.name)
-            simulated = {name: simulate_parts(builder, s) for name, s in chosen.items()}
-            mean_arrivals = _mean_arrivals(builder, chosen)
+            believed = {name: simulate_parts(TaskGraphBuilder(graph, topology, cost, _OPT.name), s)[0]
+                        for name, s in chosen.items()}
             # A plan two strategies share trains once (module docstring, 4.).
             first: dict[tuple, str] = {}
             same = {name: first.setdefault(s.configs, name) for name, s in chosen.items()}
             unique = list(dict.fromkeys(same.values()))
             jobs = [Job(TrainConfig(model=model, optimizer=_OPT, log=False), spec, graph, chosen[n]) for n in unique]
+            before = _profile_again(model, options, graph, calibration, folder, "before_steps", cfg, log)
             probes.append(speed_probe())
             t0 = time.perf_counter()
             per_rank = run_local(_measure, WORLD, (jobs, cfg["warmup"], cfg["steps"]))
             log(f"  trained {len(jobs)} strategies x {cfg['warmup'] + cfg['steps']} steps in "
                 f"{time.perf_counter() - t0:.0f} s")
             probes.append(speed_probe())
+            after = _profile_again(model, options, graph, calibration, folder, "after_steps", cfg, log)
+            # The rows' cost model: the two profiles around the steps, averaged (module docstring, 3.).
+            builder = TaskGraphBuilder(graph, topology, CostModel(ProfileCache.mean([before, after])).bind(graph),
+                                       _OPT.name)
+            simulated = {name: simulate_parts(builder, s) for name, s in chosen.items()}
+            mean_arrivals = _mean_arrivals(builder, chosen)
             diagnosed = (_diagnose(model, options, graph, topology, calibration, {n: chosen[n] for n in unique},
-                                   folder, cfg, log) if cfg["diagnose"] else {})
+                                   folder, after, cfg, log) if cfg["diagnose"] else {})
             speed[graph.name] = drift = _drift(probes)
             log("  machine speed probe, the steps against the profile (> 1: slower): "
                 + ", ".join(f"{k} {drift[k]['steps_over_profile']:.2f}x" for k in PROBE_PARTS)
@@ -656,6 +696,7 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
                 sim_s, sparts, peak = simulated[name]
                 row = {"model": graph.name, "strategy": name, "simulated_s": sim_s, "measured_s": med, "cv": cv,
                        "error": sim_s / med - 1.0, "simulated_parts_s": sparts, "measured_parts_s": mparts,
+                       "simulated_search_profile_s": believed[name], "error_search_profile": believed[name] / med - 1.0,
                        "plan": {op.name: [list(chosen[name][op.name].degrees), list(chosen[name][op.name].devices)]
                                 for op in graph.ops}}
                 if same[name] != name:
@@ -676,6 +717,8 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
            "calibration": summary(calibration),
            "warmup_steps": cfg["warmup"], "measured_steps": cfg["steps"], "search_budget_s": cfg["search_budget_s"],
            "models": [{"model": m, "options": o} for m, o in models], "rows": rows, **totals(rows),
+           "row_profile": ROW_PROFILE,
+           "search_profile": search_profile_totals(rows),
            "diagnosis": diagnosis_totals(rows),
            "mean_arrivals": mean_arrival_totals(rows),
            "machine_speed": {"probe": "median seconds of a fixed one-thread compute-bound and memory-bound "
@@ -715,6 +758,11 @@ def print_table(doc: dict[str, Any]) -> None:
         f"mean {100 * doc['mean_error']:+.1f} % (|·| {100 * t['abs_mean_error']:.0f} %), "
         f"Kendall tau {tau} over {doc['kendall_pairs']} pairs ({t['kendall_tau']}), "
         f"searched / best measured {searched} ({t['searched_vs_best_measured']})")
+    believed = doc.get("search_profile")
+    if believed:
+        console.print(f"with the profile the search used, taken before it (what `autopar plan` believed): median "
+                      f"|error| {100 * believed['median_abs_error']:.1f} %, p90 {100 * believed['p90_abs_error']:.1f} %, "
+                      f"max {100 * believed['max_abs_error']:.1f} %, mean {100 * believed['mean_error']:+.1f} %")
     speed = doc.get("machine_speed", {}).get("per_model")
     if speed:
         console.print("machine speed during the steps against the profile (probe time, > 1: slower): "
@@ -725,7 +773,7 @@ def print_table(doc: dict[str, Any]) -> None:
     if diag:
         after, llc, share = diag["profile_after_steps"], diag["llc_evicted"], diag["compute_cache_share"]
         console.print(
-            f"profiled again after the steps (not applied above): each row's simulated step moved by "
+            f"with the profile after the steps alone (not applied above): each row's simulated step moved by "
             f"{100 * after['median_change']:.1f} % (median, max {100 * after['max_change']:.1f} %), median |error| "
             f"{100 * after['median_abs_error']:.1f} %, mean {100 * after['mean_error']:+.1f} %; with the last-level "
             f"cache evicted: median |error| {100 * llc['median_abs_error']:.1f} %, "

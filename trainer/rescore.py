@@ -7,9 +7,11 @@ One run of `autopar bench accuracy` is one sample of a noisy machine: on the 2-v
 moved by more between runs minutes apart (median 4.9-11.0 %, mean -6.4 to +0.5 %) than most
 changes to the simulator move them (docs/simulation.md, "Nineteenth round").  A change judged on
 the next run alone is judged on the noise.  So a run can be kept: its profile cache, with the
-runtime calibration and the op times every row was simulated from, the two diagnosis profiles
-taken after each model's steps, and the benchmark's JSON with every row's plan and measured step.
-`rescore` rebuilds each kept row's strategy from its plan, simulates it from the kept profile with
+runtime calibration and the op times the search used, each model's profiles taken right before
+and right after its steps (whose mean priced the rows, ``row_profile``; runs kept before
+that field existed priced them with the main profile and are replayed so) and the one with the
+last-level cache cold, and the benchmark's JSON with every row's plan and measured step.
+`rescore` rebuilds each kept row's strategy from its plan, simulates it from the kept profiles with
 the code as it is now, and reports the errors against the same measured steps, run by run and
 pooled over all the runs given.  A change to the simulator is then scored on every kept run at
 once, in seconds, and a change that only moves the noise shows as such.
@@ -34,7 +36,8 @@ from typing import Any, Callable
 
 from autopar.planner.errors import AutoparError
 
-from .accuracy import _EXAMPLES, _OPT, PROFILE, RESULT, WORLD, KeptRunError, keep_folder, record, totals
+from .accuracy import (_EXAMPLES, _OPT, PROFILE, RESULT, ROW_PROFILE, WORLD, KeptRunError, keep_folder, record,
+                       totals)
 
 
 def _load(folder: Path) -> tuple[dict[str, Any], Any, dict[str, int]]:
@@ -68,6 +71,33 @@ def _load(folder: Path) -> tuple[dict[str, Any], Any, dict[str, int]]:
     return doc, cache, methods
 
 
+def _row_costs(folder: Path, doc: dict[str, Any], cache: Any, model: str) -> Any:
+    """The op times a kept run priced `model`'s rows with: the mean of its two profiles around the
+    steps where the run says so (``row_profile``, `ROW_PROFILE`), with the run's calibration;
+    otherwise, in runs kept before the field existed (`benchmarks/accuracy/2026-11-28-*`), the main profile."""
+    from autopar.planner.cost import ProfileCache
+    from autopar.planner.errors import CostModelError
+    if doc.get("row_profile") is None:
+        return cache
+    if doc["row_profile"] != ROW_PROFILE:
+        raise KeptRunError(f"{folder / RESULT}: its rows were priced with {doc['row_profile']!r}, which this autopar "
+                           f"does not know (it knows {ROW_PROFILE!r}); rescore it with the autopar that kept it")
+    parts = []
+    for tag in ("before_steps", "after_steps"):
+        path = folder / f"{model}-{tag}.json"
+        if not path.is_file():
+            raise KeptRunError(f"{folder}: its rows were priced with the profiles around each model's steps, and "
+                               f"{path.name} is missing; keep the run whole, or keep a new one")
+        try:
+            parts.append(ProfileCache.load(path, keep_stale=True))
+        except CostModelError as e:
+            raise KeptRunError(f"{folder}: {path.name} cannot be read by this autopar ({e}); keep a new run") from e
+    costs = ProfileCache.mean(parts)
+    for c in cache.calibrations():
+        costs.put_calibration(c)
+    return costs
+
+
 def rescore_run(folder: str | os.PathLike, log: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
     """One kept run's rows simulated again from its profile with the code as it is now: per row
     the recorded and the new simulated step and error, and both sides' totals
@@ -90,7 +120,8 @@ def rescore_run(folder: str | os.PathLike, log: Callable[[str], None] = lambda _
         for m in doc["models"]:
             spec = with_dtype(load_model(m["model"], **m["options"]), None)
             graph = import_spec(spec)
-            by_name[graph.name] = (graph, TaskGraphBuilder(graph, topology, CostModel(cache).bind(graph), _OPT.name))
+            costs = _row_costs(folder, doc, cache, graph.name)
+            by_name[graph.name] = (graph, TaskGraphBuilder(graph, topology, CostModel(costs).bind(graph), _OPT.name))
         for r in doc["rows"]:
             if r["model"] not in by_name:
                 raise KeptRunError(f"{folder / RESULT}: row {r['model']}/{r['strategy']} names a model the run's "

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from autopar.planner.sim import STEP_PARTS
-from autopar.trainer.accuracy import PROBE_PARTS, _measured_row, kendall_tau, run_accuracy_bench, speed_probe, totals
+from autopar.trainer.accuracy import (PROBE_PARTS, ROW_PROFILE, _measured_row, kendall_tau, run_accuracy_bench,
+                                      speed_probe, totals)
 from autopar.trainer.rescore import PROFILE, RESULT, KeptRunError, rescore
 
 
@@ -97,6 +98,12 @@ def test_a_small_accuracy_run_reports_every_row_and_the_totals(tmp_path):
             seen[key] = r
     assert {"median_abs_error", "p90_abs_error", "max_abs_error", "mean_error", "kendall_tau",
             "searched_vs_best_measured"} <= set(doc)
+    # The rows are priced with the two profiles around the steps; what the search's profile
+    # believed is reported beside them.
+    assert doc["row_profile"] == ROW_PROFILE
+    for r in doc["rows"]:
+        assert r["error_search_profile"] == pytest.approx(r["simulated_search_profile_s"] / r["measured_s"] - 1)
+    assert doc["search_profile"]["max_abs_error"] >= doc["search_profile"]["median_abs_error"] >= 0
     for r in doc["rows"]:   # profiled again after the steps, both ways, and simulated with each
         d = r["diagnosis"]
         assert r["peak_memory_bytes"] > 0
@@ -117,7 +124,8 @@ def test_a_small_accuracy_run_reports_every_row_and_the_totals(tmp_path):
         assert speed[part]["steps_over_profile"] == pytest.approx(speed[part]["steps_s"] / speed[part]["profile_s"])
     # Kept, the run simulates again from its own profile to the same steps, row by row.
     assert json.loads((kept / RESULT).read_text()) == json.loads(json.dumps(doc))
-    assert {p.name for p in kept.iterdir()} >= {PROFILE, RESULT, "lenet-after_steps.json", "lenet-llc.json"}
+    assert {p.name for p in kept.iterdir()} >= {PROFILE, RESULT, "lenet-before_steps.json", "lenet-after_steps.json",
+                                                "lenet-llc.json"}
     again = rescore([kept], progress=False)
     (run,) = again["runs"]
     assert [(r["strategy"], r["measured_s"]) for r in run["rows"]] == [(r["strategy"], r["measured_s"])

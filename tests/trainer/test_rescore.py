@@ -94,3 +94,27 @@ def test_the_cli_refuses_keep_and_rescore_where_they_do_not_apply(tmp_path, caps
     assert "--rescore measures nothing" in capsys.readouterr().err
     assert main(["bench", "accuracy", "--rescore", str(tmp_path)]) == 2
     assert "not a kept accuracy run" in capsys.readouterr().err
+
+
+def _kept_with_row_profile(tmp_path, row_profile):
+    from autopar.planner.cost.calibration import default_calibration
+    from autopar.planner.cost.profile_cache import FORMAT_VERSION, MEASUREMENT_METHOD
+    cal = default_calibration("CPU-core", "gloo", 2).to_json()
+    (tmp_path / PROFILE).write_text(json.dumps({"version": FORMAT_VERSION, "method": MEASUREMENT_METHOD,
+                                                "entries": {}, "calibrations": {"c": cal}}))
+    (tmp_path / RESULT).write_text(json.dumps({"rows": [], "models": [{"model": "lenet", "options": {"batch": 4}}],
+                                               "calibration": {}, "row_profile": row_profile}))
+
+
+def test_rows_priced_with_the_profiles_around_the_steps_need_both_kept(tmp_path):
+    from autopar.trainer.accuracy import ROW_PROFILE
+    _kept_with_row_profile(tmp_path, ROW_PROFILE)
+    (tmp_path / "lenet-after_steps.json").write_text("{}")
+    with pytest.raises(KeptRunError, match="lenet-before_steps.json is missing; keep the run whole"):
+        rescore_run(tmp_path)
+
+
+def test_rows_priced_some_unknown_way_are_not_replayed_another(tmp_path):
+    _kept_with_row_profile(tmp_path, "the median of three")
+    with pytest.raises(KeptRunError, match="priced with 'the median of three', which this autopar does not know"):
+        rescore_run(tmp_path)
