@@ -16,15 +16,17 @@ overheads, point-to-point and all-reduce times under load, the optimizer), as `a
 2. the strategies are data parallelism, model parallelism, the expert strategy (where the model
    has one), OptCNN's, the plan `autopar plan` finds with that profile (MCMC from several
    starts) and random valid plans — at least six;
-3. each is simulated on ``local:2`` with the op costs profiled again right before the steps and
-   right after them, averaged op by op (`ROW_PROFILE`, `ProfileCache.mean`).  A shared machine's
-   speed moves by a quarter within a minute (the compute probe of `speed_probe` took 10.4 to
-   16.5 ms within one model's profile and steps on the Xeon VM of 2026-11-28), and the search
-   takes half a minute: a profile taken before it prices the machine as it was then.  Profiles
-   on both sides of the measurement cancel a drift that is linear over it, as interleaving the
-   strategies' blocks does for the measured side.  Each row also carries the step simulated with
-   the search's own profile (``simulated_search_profile_s``; ``search_profile`` totals), what
-   `autopar plan` believed;
+3. each is simulated on ``local:2`` with the op costs timed between the blocks of its steps
+   (`_measure`, `ROW_PROFILE`): the ranks time the model's task shapes in lockstep, as `autopar
+   profile`'s workers do, a share of them before each block, one pass over them per round.  A
+   shared machine's speed moves by a quarter within a minute (the compute probe of
+   `speed_probe` took 10.4 to 16.5 ms within one model's profile and steps on the Xeon VM of
+   2026-11-28), and the search takes half a minute: a profile taken before it prices the machine
+   as it was then, and even profiles right before and right after the steps missed the steps'
+   own minute (the tagger's compute measured 21.0 ms in its steps, 28.2 and 25.1 ms by those two
+   profiles).  Spread over the steps as the strategies' blocks are, the profile sees the machine
+   the steps saw.  Each row also carries the step simulated with the search's own profile
+   (``simulated_search_profile_s``; ``search_profile`` totals), what `autopar plan` believed;
 4. trained on 2 gloo ranks of one thread each for `warmup` + `steps` steps.  All strategies of a
    model train inside the same two processes, in blocks of consecutive steps taken in turn
    (`_measure`), so they see the same machine load and each step runs as in a user's run; a
@@ -164,7 +166,8 @@ ROUNDS = 3
 REWARM = 2
 
 
-def _measure(rank: int, world: int, jobs: list[Job], warmup: int, steps: int) -> list[list[tuple[float, dict]]]:
+def _measure(rank: int, world: int, jobs: list[Job], warmup: int, steps: int,
+             profile: tuple[list, str, int] | None = None) -> Any:
     """Train every job in blocks of consecutive steps; per job, (seconds, phases) of each timed step.
 
     A strategy trains as a user's run does, one step after another: stepping the strategies in
@@ -172,15 +175,35 @@ def _measure(rank: int, world: int, jobs: list[Job], warmup: int, steps: int) ->
     (a user's tagger stepped 24.7 ms on its own and 28.6-30.4 ms interleaved).  To still expose
     them all to the same machine load, the `steps` timed steps come in `ROUNDS` blocks: in each
     round every job trains a block (the first after `warmup` untimed steps, later ones after
-    `REWARM`), in reverse order every other round."""
+    `REWARM`), in reverse order every other round.
+
+    `profile`: (items, device kind, repeats) of the model's task shapes (`profile_items`), measured
+    in lockstep by all ranks between the blocks (`lockstep_task`, as `autopar profile`'s workers
+    measure them): one pass over them per round, a share of it before each block, so that the ops
+    are timed in the same minutes as the steps, spread over them as the steps are.  A block's
+    untimed steps warm its caches again after the share.  Returns (steps, per item the passes'
+    (forward, backward, error)) then."""
     trainers = [Trainer(job, rank, world, ProcessGroups()) for job in jobs]
     out: list[list[tuple[float, dict]]] = [[] for _ in trainers]
     done = [0] * len(trainers)
+    measured: list[list[tuple[float, float, str | None]]] = []
+    if profile is not None:
+        import torch
+
+        from autopar.planner.cost.profiler import engine_overhead, lockstep_task
+        items, kind, repeats = profile
+        measured = [[] for _ in items]
+        overhead = engine_overhead(torch.device("cpu"))
+        graph, module = jobs[0].graph, jobs[0].spec.module
     for r in range(ROUNDS):
         block = steps // ROUNDS + (1 if r < steps % ROUNDS else 0)
         skip = warmup if r == 0 else REWARM
-        order = range(len(trainers)) if r % 2 == 0 else reversed(range(len(trainers)))
-        for k in order:
+        order = list(range(len(trainers)) if r % 2 == 0 else reversed(range(len(trainers))))
+        for j, k in enumerate(order):
+            if profile is not None:
+                for n in range(j * len(items) // len(order), (j + 1) * len(items) // len(order)):
+                    measured[n].append(lockstep_task(graph, module, kind, items[n], dist.barrier, repeats=repeats,
+                                                     warmup=2, budget=2.0, overhead=overhead))
             tr = trainers[k]
             for i in range(skip + block):
                 dist.barrier()
@@ -190,7 +213,7 @@ def _measure(rank: int, world: int, jobs: list[Job], warmup: int, steps: int) ->
                 done[k] += 1
                 if i >= skip:
                     out[k].append((seconds, dict(tr.runtime.phases)))
-    return out
+    return out if profile is None else (out, measured)
 
 
 def _measured_row(per_rank: list[list[tuple[float, dict]]]) -> tuple[float, float, dict[str, float]]:
@@ -559,9 +582,9 @@ def cache_share_held_out(rows: list[dict[str, Any]], fit_models: int = 2) -> dic
 # -- keeping a run (`trainer.rescore` simulates kept runs again) ---------------------------------
 
 #: How the rows' simulated steps were priced (``row_profile`` in the JSON; `trainer.rescore` replays
-#: the runs that say so the same way): each op time the mean of the model's two profiles taken
-#: right before and right after its steps (``<model>-before_steps.json``, ``<model>-after_steps.json``).
-ROW_PROFILE = "mean of before_steps and after_steps"
+#: the runs that say so the same way): with the model's ops timed between the blocks of its steps,
+#: kept as ``<model>-during_steps.json`` (`_measure`).
+ROW_PROFILE = "during_steps"
 
 #: Inside a kept folder: the profile cache (op times and the runtime calibration) ...
 PROFILE = "profile.json"
@@ -617,6 +640,7 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
     in, for `trainer.rescore` to simulate its rows again with later code: its profile cache with
     the calibration, the diagnosis's profiles and the benchmark's JSON (`keep_folder`)."""
     from autopar.planner.cost import CostModel, ProfileCache, profile_local
+    from autopar.planner.cost.profiler import profile_items, store_lockstep_passes
     from autopar.planner.hardware import get_preset
     from autopar.planner.ir import import_spec
     from autopar.planner.sim import TaskGraphBuilder
@@ -667,17 +691,22 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
             same = {name: first.setdefault(s.configs, name) for name, s in chosen.items()}
             unique = list(dict.fromkeys(same.values()))
             jobs = [Job(TrainConfig(model=model, optimizer=_OPT, log=False), spec, graph, chosen[n]) for n in unique]
-            before = _profile_again(model, options, graph, calibration, folder, "before_steps", cfg, log)
             probes.append(speed_probe())
             t0 = time.perf_counter()
-            per_rank = run_local(_measure, WORLD, (jobs, cfg["warmup"], cfg["steps"]))
-            log(f"  trained {len(jobs)} strategies x {cfg['warmup'] + cfg['steps']} steps in "
-                f"{time.perf_counter() - t0:.0f} s")
+            items = profile_items(graph, WORLD, product)
+            per_rank, passes = zip(*run_local(_measure, WORLD, (jobs, cfg["warmup"], cfg["steps"],
+                                                                (items, product, cfg["profile_repeats"]))))
+            # The rows' cost model: the ops timed between the steps' blocks (module docstring, 3.).
+            during = ProfileCache(path=folder / f"{graph.name}-{ROW_PROFILE}.json")
+            during.put_calibration(calibration)
+            report = store_lockstep_passes(graph, items, passes, during, product)
+            during.save()
+            log(f"  trained {len(jobs)} strategies x {cfg['warmup'] + cfg['steps']} steps and profiled "
+                f"{len(report.measured)} task shapes between their blocks in {time.perf_counter() - t0:.0f} s")
             probes.append(speed_probe())
-            after = _profile_again(model, options, graph, calibration, folder, "after_steps", cfg, log)
-            # The rows' cost model: the two profiles around the steps, averaged (module docstring, 3.).
-            builder = TaskGraphBuilder(graph, topology, CostModel(ProfileCache.mean([before, after])).bind(graph),
-                                       _OPT.name)
+            after = (_profile_again(model, options, graph, calibration, folder, "after_steps", cfg, log)
+                     if cfg["diagnose"] else None)
+            builder = TaskGraphBuilder(graph, topology, CostModel(during).bind(graph), _OPT.name)
             simulated = {name: simulate_parts(builder, s) for name, s in chosen.items()}
             mean_arrivals = _mean_arrivals(builder, chosen)
             diagnosed = (_diagnose(model, options, graph, topology, calibration, {n: chosen[n] for n in unique},

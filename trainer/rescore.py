@@ -7,10 +7,10 @@ One run of `autopar bench accuracy` is one sample of a noisy machine: on the 2-v
 moved by more between runs minutes apart (median 4.9-11.0 %, mean -6.4 to +0.5 %) than most
 changes to the simulator move them (docs/simulation.md, "Nineteenth round").  A change judged on
 the next run alone is judged on the noise.  So a run can be kept: its profile cache, with the
-runtime calibration and the op times the search used, each model's profiles taken right before
-and right after its steps (whose mean priced the rows, ``row_profile``; runs kept before
-that field existed priced them with the main profile and are replayed so) and the one with the
-last-level cache cold, and the benchmark's JSON with every row's plan and measured step.
+runtime calibration and the op times the search used, each model's op times taken between the
+blocks of its steps (which priced the rows, ``row_profile``; runs kept before that field existed
+priced them with the main profile and are replayed so), the two diagnosis profiles taken after
+them, and the benchmark's JSON with every row's plan and measured step.
 `rescore` rebuilds each kept row's strategy from its plan, simulates it from the kept profiles with
 the code as it is now, and reports the errors against the same measured steps, run by run and
 pooled over all the runs given.  A change to the simulator is then scored on every kept run at
@@ -72,9 +72,9 @@ def _load(folder: Path) -> tuple[dict[str, Any], Any, dict[str, int]]:
 
 
 def _row_costs(folder: Path, doc: dict[str, Any], cache: Any, model: str) -> Any:
-    """The op times a kept run priced `model`'s rows with: the mean of its two profiles around the
-    steps where the run says so (``row_profile``, `ROW_PROFILE`), with the run's calibration;
-    otherwise, in runs kept before the field existed (`benchmarks/accuracy/2026-11-28-*`), the main profile."""
+    """The op times a kept run priced `model`'s rows with: those timed between its steps' blocks
+    where the run says so (``row_profile``, `ROW_PROFILE`), with the run's calibration; otherwise,
+    in runs kept before the field existed (`benchmarks/accuracy/2026-11-28-*`), the main profile."""
     from autopar.planner.cost import ProfileCache
     from autopar.planner.errors import CostModelError
     if doc.get("row_profile") is None:
@@ -82,17 +82,14 @@ def _row_costs(folder: Path, doc: dict[str, Any], cache: Any, model: str) -> Any
     if doc["row_profile"] != ROW_PROFILE:
         raise KeptRunError(f"{folder / RESULT}: its rows were priced with {doc['row_profile']!r}, which this autopar "
                            f"does not know (it knows {ROW_PROFILE!r}); rescore it with the autopar that kept it")
-    parts = []
-    for tag in ("before_steps", "after_steps"):
-        path = folder / f"{model}-{tag}.json"
-        if not path.is_file():
-            raise KeptRunError(f"{folder}: its rows were priced with the profiles around each model's steps, and "
-                               f"{path.name} is missing; keep the run whole, or keep a new one")
-        try:
-            parts.append(ProfileCache.load(path, keep_stale=True))
-        except CostModelError as e:
-            raise KeptRunError(f"{folder}: {path.name} cannot be read by this autopar ({e}); keep a new run") from e
-    costs = ProfileCache.mean(parts)
+    path = folder / f"{model}-{ROW_PROFILE}.json"
+    if not path.is_file():
+        raise KeptRunError(f"{folder}: its rows were priced with the ops timed between each model's steps, and "
+                           f"{path.name} is missing; keep the run whole, or keep a new one")
+    try:
+        costs = ProfileCache.load(path, keep_stale=True)
+    except CostModelError as e:
+        raise KeptRunError(f"{folder}: {path.name} cannot be read by this autopar ({e}); keep a new run") from e
     for c in cache.calibrations():
         costs.put_calibration(c)
     return costs

@@ -273,25 +273,6 @@ class ProfileCache:
                             "older autopar measured them; they are measured again (the op times are kept)")
         return cache
 
-    @classmethod
-    def mean(cls, caches: Sequence["ProfileCache"], path: str | os.PathLike | None = None) -> "ProfileCache":
-        """A cache whose every task time is the mean of the times `caches` measured for it (those of
-        them that hold it), with the first cache's calibrations: profiles taken before and after a
-        measurement, averaged so that a machine whose speed drifts between the two is priced as it
-        ran in between (`autopar.trainer.accuracy`).  Host times are averaged where every cache that
-        holds the task has them."""
-        if not caches:
-            raise CostModelError("ProfileCache.mean needs at least one cache")
-        out = cls(path=path)
-        for key in dict.fromkeys(k for c in caches for k in c):
-            times = [c.get(key) for c in caches if key in c]
-            hosts = [c.host(key) for c in caches if key in c]
-            host = None if any(h is None for h in hosts) else [sum(h[i] for h in hosts) / len(hosts) for i in (0, 1)]
-            out.put(key, sum(t[0] for t in times) / len(times), sum(t[1] for t in times) / len(times), host=host)
-        for c in caches[0].calibrations():
-            out.put_calibration(c)
-        return out
-
     def save(self, path: str | os.PathLike | None = None) -> Path:
         """Write the cache atomically (temporary file in the same directory, then ``os.replace``)."""
         p = Path(path).expanduser() if path is not None else (self.path or default_cache_path())

@@ -735,6 +735,71 @@ _LOCKSTEP_PHASES = 4
 _POLL_SECONDS = 0.5
 
 
+def lockstep_task(graph: OperatorGraph, module: nn.Module | None, kind: str, item: tuple[str, str, tuple[int, ...]],
+                  sync: Callable[[], Any], *, repeats: int, warmup: int, budget: float | None,
+                  overhead: tuple[float, float], cache_level: str = "l2") -> tuple[float, float, str | None]:
+    """(forward, backward, error) of one task `item` (key, op name, degrees) on this process's CPU,
+    measured in lockstep with the other processes that call it with the same item: `sync` (a
+    barrier all of them pass) is called exactly `_LOCKSTEP_PHASES` times, whatever happens, so a
+    task that fails on one process (skipped with the reason, as `profile_ops` skips it) does not
+    leave the others waiting.  The concurrent workers of `profile_local` measure with it, and so
+    does a profile taken between a job's training steps (`autopar.trainer.accuracy`)."""
+    key, name, degrees = item
+    waited = 0
+
+    def step() -> None:
+        nonlocal waited
+        sync()
+        waited += 1
+
+    try:
+        op = graph[name]
+        if task_key(op, degrees, kind, graph_input_shapes(graph, op)) != key:
+            raise CostModelError(f"this process's import of {graph.name} gives {name} another task key")
+        fwd, bwd = measure_task(graph, op, degrees, torch.device("cpu"), repeats=repeats, warmup=warmup,
+                                module=module, budget=budget, overhead=overhead, cache_level=cache_level, sync=step)
+        out = (fwd, bwd, None)
+    except threading.BrokenBarrierError:
+        raise
+    except Exception as e:  # as profile_ops: the task is skipped with the reason
+        out = (0.0, 0.0, f"{type(e).__name__}: {e}")
+    while waited < _LOCKSTEP_PHASES:
+        step()
+    return out
+
+
+def profile_items(graph: OperatorGraph, workers: int, kind: str) -> list[tuple[str, str, tuple[int, ...]]]:
+    """(key, op name, degrees) of every distinct task `profile_local` measures for ``local:<workers>``."""
+    from ..ir.strategy import degree_choices
+    choices = [(op.name, d) for op in graph.ops for d in degree_choices(op, workers)]
+    return [(key, op.name, degrees)
+            for key, op, degrees in _new_work(graph, choices, kind, ProfileCache(), ProfileReport(kind), None)]
+
+
+def store_lockstep_passes(graph: OperatorGraph, items: list[tuple[str, str, tuple[int, ...]]],
+                          per_rank: Sequence[Sequence[Sequence[tuple[float, float, str | None]]]],
+                          cache: ProfileCache, kind: str) -> ProfileReport:
+    """Store what several processes measured of `items` in lockstep (`lockstep_task`), as
+    `profile_local` stores its workers' passes: per pass the median over the processes, per task
+    the median of its passes.  `per_rank[r][n]` lists process r's (forward, backward, error) of
+    item n, one per pass; a task that failed in a pass is reported skipped."""
+    report = ProfileReport(kind)
+    work = [(key, graph[name], degrees) for key, name, degrees in items]
+    passes: list[list[tuple[float, float]]] = [[] for _ in work]
+    failed: dict[int, str] = {}
+    for n in range(len(work)):
+        for msgs in zip(*(rank[n] for rank in per_rank)):
+            errors = sorted(m[2] for m in msgs if m[2] is not None)
+            if errors:
+                failed.setdefault(n, errors[0])
+                continue
+            passes[n].append((statistics.median(m[0] for m in msgs), statistics.median(m[1] for m in msgs)))
+        if not passes[n] and n not in failed:
+            failed[n] = "never measured"
+    _store_passes(work, passes, failed, cache, report)
+    return report
+
+
 def _profile_worker(rank: int, model: str, options: dict[str, object], kind: str,
                     items: list[tuple[str, str, tuple[int, ...]]], repeats: int, warmup: int,
                     budget: float | None, barrier: Any, results: Any, cache_level: str = "l2") -> None:
@@ -759,28 +824,10 @@ def _profile_worker(rank: int, model: str, options: dict[str, object], kind: str
         barrier.wait()
         overhead = engine_overhead(cpu)
         results.put(("overhead", -1, rank, overhead[0], overhead[1], None))
-        for n, (key, name, degrees) in enumerate(items):
-            waited = 0
-
-            def sync() -> None:
-                nonlocal waited
-                barrier.wait()
-                waited += 1
-
-            try:
-                op = graph[name]
-                if task_key(op, degrees, kind, graph_input_shapes(graph, op)) != key:
-                    raise CostModelError(f"the worker's import of {model} gives {name} another task key")
-                fwd, bwd = measure_task(graph, op, degrees, cpu, repeats=repeats, warmup=warmup, module=module,
-                                        budget=budget, overhead=overhead, cache_level=cache_level, sync=sync)
-                msg = ("task", n, rank, fwd, bwd, None)
-            except threading.BrokenBarrierError:
-                raise
-            except Exception as e:  # as profile_ops: the task is skipped with the reason
-                msg = ("task", n, rank, 0.0, 0.0, f"{type(e).__name__}: {e}")
-            while waited < _LOCKSTEP_PHASES:
-                sync()
-            results.put(msg)
+        for n, item in enumerate(items):
+            fwd, bwd, error = lockstep_task(graph, module, kind, item, barrier.wait, repeats=repeats, warmup=warmup,
+                                            budget=budget, overhead=overhead, cache_level=cache_level)
+            results.put(("task", n, rank, fwd, bwd, error))
     except threading.BrokenBarrierError:  # the parent gave up on the run and aborted the barrier
         return
     except BaseException as e:

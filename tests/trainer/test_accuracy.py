@@ -98,7 +98,7 @@ def test_a_small_accuracy_run_reports_every_row_and_the_totals(tmp_path):
             seen[key] = r
     assert {"median_abs_error", "p90_abs_error", "max_abs_error", "mean_error", "kendall_tau",
             "searched_vs_best_measured"} <= set(doc)
-    # The rows are priced with the two profiles around the steps; what the search's profile
+    # The rows are priced with the ops timed between the steps' blocks; what the search's profile
     # believed is reported beside them.
     assert doc["row_profile"] == ROW_PROFILE
     for r in doc["rows"]:
@@ -124,7 +124,7 @@ def test_a_small_accuracy_run_reports_every_row_and_the_totals(tmp_path):
         assert speed[part]["steps_over_profile"] == pytest.approx(speed[part]["steps_s"] / speed[part]["profile_s"])
     # Kept, the run simulates again from its own profile to the same steps, row by row.
     assert json.loads((kept / RESULT).read_text()) == json.loads(json.dumps(doc))
-    assert {p.name for p in kept.iterdir()} >= {PROFILE, RESULT, "lenet-before_steps.json", "lenet-after_steps.json",
+    assert {p.name for p in kept.iterdir()} >= {PROFILE, RESULT, "lenet-during_steps.json", "lenet-after_steps.json",
                                                 "lenet-llc.json"}
     again = rescore([kept], progress=False)
     (run,) = again["runs"]
@@ -276,6 +276,41 @@ def test_strategies_train_in_blocks_of_consecutive_steps(monkeypatch):
     assert jobs[2 * block:2 * block + 2 + 10] == ["b"] * 12          # round 2 reversed, 2 re-warm steps
     for name in "ab":
         assert [s for j, s in log if j == name] == list(range(5 + 30 + 2 * accuracy.REWARM))
+
+
+def test_the_ops_are_timed_between_the_blocks_one_pass_a_round(monkeypatch):
+    """With a profile to take, each round passes over the model's task shapes once, a share of
+    them before each block, in lockstep with the other ranks (`lockstep_task` at the barrier)."""
+    from autopar.planner.cost import profiler
+    from autopar.trainer import accuracy
+    log = []
+
+    class FakeTrainer:
+        def __init__(self, job, rank, world, groups):
+            self.job = job
+            self.runtime = type("R", (), {"phases": {}})()
+
+        def train_step(self, step):
+            log.append(("step", self.job.name))
+
+    def fake_task(graph, module, kind, item, sync, **kw):
+        assert (graph, module, kind, sync) == ("graph", "module", "CPU-core", accuracy.dist.barrier)
+        log.append(("op", item))
+        return (1.0, 2.0, None)
+
+    job = type("J", (), {"graph": "graph", "spec": type("S", (), {"module": "module"})()})
+    jobs = [type("J", (job,), {"name": n}) for n in "ab"]
+    monkeypatch.setattr(accuracy, "Trainer", FakeTrainer)
+    monkeypatch.setattr(accuracy.dist, "barrier", lambda: None)
+    monkeypatch.setattr(profiler, "lockstep_task", fake_task)
+    monkeypatch.setattr(profiler, "engine_overhead", lambda device: (0.0, 0.0))
+    items = ["i0", "i1", "i2"]
+    steps, passes = accuracy._measure(0, 2, jobs, warmup=1, steps=3, profile=(items, "CPU-core", 5))
+    assert [len(o) for o in steps] == [3, 3] and passes == [[(1.0, 2.0, None)] * accuracy.ROUNDS] * 3
+    # Round 1: i0 before a's block, i1 and i2 before b's; round 2 (reversed): i0 before b's block.
+    assert log[:4] == [("op", "i0"), ("step", "a"), ("step", "a"), ("op", "i1")]
+    assert log[4:7] == [("op", "i2"), ("step", "b"), ("step", "b")]
+    assert log[7:9] == [("op", "i0"), ("step", "b")]
 
 
 def test_the_residual_factor_is_fitted_on_some_models_and_scored_on_the_others():

@@ -106,11 +106,13 @@ def _kept_with_row_profile(tmp_path, row_profile):
                                                "calibration": {}, "row_profile": row_profile}))
 
 
-def test_rows_priced_with_the_profiles_around_the_steps_need_both_kept(tmp_path):
+def test_rows_priced_with_the_ops_timed_between_the_steps_need_them_kept(tmp_path):
     from autopar.trainer.accuracy import ROW_PROFILE
     _kept_with_row_profile(tmp_path, ROW_PROFILE)
-    (tmp_path / "lenet-after_steps.json").write_text("{}")
-    with pytest.raises(KeptRunError, match="lenet-before_steps.json is missing; keep the run whole"):
+    with pytest.raises(KeptRunError, match="lenet-during_steps.json is missing; keep the run whole"):
+        rescore_run(tmp_path)
+    (tmp_path / "lenet-during_steps.json").write_text("{}")
+    with pytest.raises(KeptRunError, match="lenet-during_steps.json cannot be read by this autopar"):
         rescore_run(tmp_path)
 
 

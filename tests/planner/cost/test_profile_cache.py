@@ -281,21 +281,3 @@ def test_a_calibration_measured_by_an_older_method_is_dropped_but_the_op_times_s
     assert cache.calibration("CPU-core", "gloo", 4) is not None
     assert "CPU-core|gloo|3" in cache.notice and "|2" not in cache.notice and "|4" not in cache.notice
 
-
-def test_the_mean_of_profiles_averages_each_task_over_the_ones_that_hold_it(tmp_path):
-    from autopar.planner.cost.calibration import default_calibration
-    a, b = ProfileCache(), ProfileCache()
-    a.put("both", 1.0, 2.0, host=(0.1, 0.2))
-    b.put("both", 3.0, 4.0, host=(0.3, 0.4))
-    a.put("only-a", 5.0, 6.0)
-    b.put("host-in-one", 1.0, 1.0, host=(0.5, 0.5))
-    a.put("host-in-one", 3.0, 3.0)
-    cal = default_calibration("CPU-core", "gloo", 2)
-    a.put_calibration(cal)
-    m = ProfileCache.mean([a, b], path=tmp_path / "m.json")
-    assert m.get("both") == (2.0, 3.0) and m.host("both") == pytest.approx((0.2, 0.3))
-    assert m.get("only-a") == (5.0, 6.0)
-    assert m.get("host-in-one") == (2.0, 2.0) and m.host("host-in-one") is None
-    assert m.calibrations() == [cal] and m.path == tmp_path / "m.json"
-    with pytest.raises(CostModelError, match="at least one cache"):
-        ProfileCache.mean([])

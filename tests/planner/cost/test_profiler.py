@@ -458,3 +458,54 @@ def test_a_task_time_is_the_mean_of_its_calls_slow_ones_included(monkeypatch):
     with pytest.raises(ValueError, match="mean.*median"):
         durations = iter([1e-3] * 3)
         profiler._timed_seconds(call, CPU, warmup=1, repeats=2, statistic="p90")
+
+
+def _lenet():
+    from autopar.planner.ir.fx_import import import_spec
+    from autopar.planner.zoo import get_model
+    spec = get_model("lenet", batch=2)
+    return import_spec(spec), spec.module
+
+
+def test_profile_items_are_the_tasks_profile_local_measures():
+    from autopar.planner.cost.profiler import profile_items
+    from autopar.planner.ir.strategy import degree_choices
+    g, _ = _lenet()
+    items = profile_items(g, 2, "CPU-core")
+    want = {task_key(op, tuple(d), "CPU-core", graph_input_shapes(g, op)) for op in g.ops if op.inputs
+            for d in degree_choices(op, 2)}
+    assert [k for k, _, _ in items] == list(dict.fromkeys(k for k, _, _ in items))     # each key once
+    assert {k for k, _, _ in items} == want
+    assert all(task_key(g[name], d, "CPU-core", graph_input_shapes(g, g[name])) == k for k, name, d in items)
+
+
+def test_a_lockstep_task_passes_the_barrier_as_often_whether_it_runs_or_fails():
+    """Every process that measures an item in lockstep passes the barrier the same number of
+    times, so one whose task fails does not leave the others waiting."""
+    from autopar.planner.cost.profiler import _LOCKSTEP_PHASES, lockstep_task, profile_items
+    g, module = _lenet()
+    key, name, degrees = next(i for i in profile_items(g, 2, "CPU-core") if g[i[1]].params)
+    calls = []
+    f, b, error = lockstep_task(g, module, "CPU-core", (key, name, degrees), lambda: calls.append(1), repeats=2,
+                                warmup=1, budget=None, overhead=(0.0, 0.0))
+    assert error is None and f > 0 and b > 0 and len(calls) == _LOCKSTEP_PHASES
+    calls.clear()
+    f, b, error = lockstep_task(g, module, "CPU-core", ("another key", name, degrees), lambda: calls.append(1),
+                                repeats=2, warmup=1, budget=None, overhead=(0.0, 0.0))
+    assert (f, b) == (0.0, 0.0) and "gives " + name + " another task key" in error
+    assert len(calls) == _LOCKSTEP_PHASES
+
+
+def test_lockstep_passes_are_stored_as_the_concurrent_workers_are():
+    """Per pass the median over the processes, per task the median of its passes; a task that
+    failed on any process in a pass is skipped with the first error."""
+    from autopar.planner.cost.profiler import profile_items, store_lockstep_passes
+    g, _ = _lenet()
+    items = profile_items(g, 2, "CPU-core")[:2]
+    ok = [[(1.0, 2.0, None), (3.0, 6.0, None), (2.0, 1.0, None)], [(0.0, 0.0, "RuntimeError: no")] * 3]
+    other = [[(3.0, 4.0, None), (5.0, 8.0, None), (2.0, 1.0, None)], [(1.0, 1.0, None)] * 3]
+    cache = ProfileCache()
+    report = store_lockstep_passes(g, items, [ok, other], cache, "CPU-core")
+    assert cache.get(items[0][0]) == (2.0, 3.0)           # passes (2, 3), (4, 7), (2, 1): medians 2 and 3
+    assert items[1][0] not in cache and report.skipped == [(items[1][1], items[1][2], "RuntimeError: no")]
+    assert [r.key for r in report.measured] == [items[0][0]]
