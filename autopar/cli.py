@@ -180,8 +180,8 @@ def _build_parser(command: str | None = None) -> argparse.ArgumentParser:
                                    "`search`: baselines, OptCNN and MCMC on the zoo at 4, 16 and 64 GPUs. "
                                    "`runtime`: our runtime against DistributedDataParallel, and a searched plan "
                                    "against data parallelism, measured on local ranks. `accuracy`: simulated "
-                                   "against measured step time for 4 models x >= 6 strategies on 2 local ranks, "
-                                   "the ops profiled right before and after the steps (progress on stderr). `operator`: the operator on a real control plane (from "
+                                   "against measured step time for 4 models x >= 6 strategies on 2 local ranks "
+                                   "(progress on stderr). `operator`: the operator on a real control plane (from "
                                    "a source checkout), 1,000 simulated GPU nodes and 50 pinned-plan jobs: create "
                                    "to trainer pods p50/p95, discovery time, API requests per job, peak RSS.")
     b.add_argument("which", choices=_bench_choices(), help="which benchmark")
@@ -190,7 +190,7 @@ def _build_parser(command: str | None = None) -> argparse.ArgumentParser:
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--keep", metavar="DIR",
                    help="accuracy: keep the run in the new folder DIR (its profile cache with the calibration, the "
-                        "profiles taken around each model's steps, and the JSON), for --rescore")
+                        "op times taken between and after each model's steps, and the JSON), for --rescore")
     b.add_argument("--rescore", metavar="DIR", nargs="+",
                    help="accuracy: measure nothing; simulate the rows of the runs kept in DIR... again with this "
                         "code, and report each run's totals and all of them pooled, as recorded and now")

@@ -16,17 +16,7 @@ overheads, point-to-point and all-reduce times under load, the optimizer), as `a
 2. the strategies are data parallelism, model parallelism, the expert strategy (where the model
    has one), OptCNN's, the plan `autopar plan` finds with that profile (MCMC from several
    starts) and random valid plans — at least six;
-3. each is simulated on ``local:2`` with the op costs timed between the blocks of its steps
-   (`_measure`, `ROW_PROFILE`): the ranks time the model's task shapes in lockstep, as `autopar
-   profile`'s workers do, a share of them before each block, one pass over them per round.  A
-   shared machine's speed moves by a quarter within a minute (the compute probe of
-   `speed_probe` took 10.4 to 16.5 ms within one model's profile and steps on the Xeon VM of
-   2026-11-28), and the search takes half a minute: a profile taken before it prices the machine
-   as it was then, and even profiles right before and right after the steps missed the steps'
-   own minute (the tagger's compute measured 21.0 ms in its steps, 28.2 and 25.1 ms by those two
-   profiles).  Spread over the steps as the strategies' blocks are, the profile sees the machine
-   the steps saw.  Each row also carries the step simulated with the search's own profile
-   (``simulated_search_profile_s``; ``search_profile`` totals), what `autopar plan` believed;
+3. each is simulated on ``local:2`` with that cost model (what `autopar plan` believes), and
 4. trained on 2 gloo ranks of one thread each for `warmup` + `steps` steps.  All strategies of a
    model train inside the same two processes, in blocks of consecutive steps taken in turn
    (`_measure`), so they see the same machine load and each step runs as in a user's run; a
@@ -55,15 +45,22 @@ two's -- reported, never applied.  And ``machine_speed``: a fixed workload, comp
 memory-bound, the latter also on two cores at once (`speed_probe`), timed before and after each
 model's profile and its steps, so that a row's error can be read against how much the machine's
 own speed moved between the two -- reported, never applied.  And ``diagnosis`` (``diagnose``, on
-by default): every row is simulated with the profile taken after the steps alone, and with one
-more taken then with the last-level cache evicted before every call
-(`planner.cost.cache_evictor`).  The first says how far the machine's own speed moved the profile
+by default): right after its steps, each model is profiled twice more, once as before and once
+with the last-level cache evicted before every call (`planner.cost.cache_evictor`), and every
+row is simulated with both.  The first says how far the machine's own speed moved the profile
 while the steps ran; the second bounds what the ops cost when their data comes from memory, and
 a row's ``compute_cache_share`` says where its measured compute lies between the two --
-reported, never applied.  And ``mean_arrivals``: where the calibration measured the ranks'
-arrival noise, every row's step simulated with each wait priced between mean arrivals too
-(``simulated_mean_arrivals_s``), as before the noise was modelled (`planner.sim.waits`), and
-those errors' totals.
+reported, never applied.  And ``during_steps``: the model's task shapes are also timed between
+the blocks of its steps by the training ranks themselves (`_measure`), in the minutes the steps
+ran, and every row is simulated with those times too (``simulated_during_steps_s``) --
+reported, never applied: a shared machine's speed moves by a quarter within a minute (the
+compute part of `speed_probe` took 10.4 to 16.5 ms within one model's profile and steps on the
+Xeon VM of 2026-11-28), and this separates what the search's profile missed because the machine
+moved from what it misses however close in time it is taken (docs/simulation.md, "Twenty-first
+round": over three runs, neither priced the rows better).  And ``mean_arrivals``: where the
+calibration measured the ranks' arrival noise, every row's step simulated with each wait priced
+between mean arrivals too (``simulated_mean_arrivals_s``), as before the noise was modelled
+(`planner.sim.waits`), and those errors' totals.
 """
 
 from __future__ import annotations
@@ -190,7 +187,7 @@ def _measure(rank: int, world: int, jobs: list[Job], warmup: int, steps: int,
     if profile is not None:
         import torch
 
-        from autopar.planner.cost.profiler import engine_overhead, lockstep_task
+        from autopar.planner.cost import engine_overhead, lockstep_task
         items, kind, repeats = profile
         measured = [[] for _ in items]
         overhead = engine_overhead(torch.device("cpu"))
@@ -466,9 +463,9 @@ def _profile_again(model: str, options: dict[str, Any], graph, calibration, fold
 
 def _diagnose(model: str, options: dict[str, Any], graph, topology, calibration, plans: dict[str, Any], folder: Path,
               after, cfg: dict[str, Any], log: Callable[[str], None]) -> dict[str, dict[str, _Simulated]]:
-    """`plans` simulated with the profile taken right after the steps alone (`after`) and with one
-    more, taken then with the last-level cache left cold before every call: tag (``"after_steps"``,
-    ``"llc"``) -> plan name -> `simulate_parts`.
+    """`plans` simulated with the profile taken right after the steps (`after`, `_profile_again`)
+    and with one more, taken then with the last-level cache left cold before every call: tag
+    (``"after_steps"``, ``"llc"``) -> plan name -> `simulate_parts`.
 
     The first shows how far this machine's speed moved the profile in the minute the steps took
     (on the 2-vCPU VM of 2026-11-27, rnnlm's data-parallel compute was profiled at 81.4 ms before
@@ -509,14 +506,15 @@ def _mean_arrivals(builder, plans: dict[str, Any]) -> dict[str, float]:
     return {name: simulate_strategy(plain, s)[0].step_time for name, s in plans.items()}
 
 
-def search_profile_totals(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The rows' errors with the profile the search used (``simulated_search_profile_s``), taken
-    before the search, a minute or more before the steps; None where no row has it."""
-    rows = [r for r in rows if "simulated_search_profile_s" in r]
+def during_steps_totals(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The rows' errors with the ops timed between the blocks of their steps
+    (``simulated_during_steps_s``), reported beside the model's; None where no row has it."""
+    rows = [r for r in rows if "simulated_during_steps_s" in r]
     if not rows:
         return None
-    return {"about": "each row simulated with the profile the search used, taken before the search; reported",
-            **_error_stats([r["error_search_profile"] for r in rows])}
+    return {"about": "each row simulated with its model's ops timed by the training ranks between the blocks of "
+                     "its steps; reported, never applied",
+            **_error_stats([r["error_during_steps"] for r in rows])}
 
 
 def mean_arrival_totals(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -541,9 +539,8 @@ def diagnosis_totals(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     change = [abs(r["diagnosis"]["simulated_after_steps_s"] / r["simulated_s"] - 1.0) for r in rows]
     shares = sorted(r["diagnosis"]["compute_cache_share"] for r in rows
                     if r["diagnosis"]["compute_cache_share"] is not None)
-    return {"about": "each row simulated with the profile taken right after its steps alone (the L2 left cold "
-                     "before each call, as in every profile) and with one taken then with the last-level cache "
-                     "cold too; reported, never applied",
+    return {"about": "each model profiled twice more right after its steps, the L2 left cold before each call "
+                     "as in the main profile and with the last-level cache cold too; reported, never applied",
             "profile_after_steps": {**_error_stats([r["diagnosis"]["error_after_steps"] for r in rows]),
                                     "median_change": statistics.median(change), "max_change": max(change)},
             "llc_evicted": _error_stats([r["diagnosis"]["error_llc"] for r in rows]),
@@ -581,10 +578,14 @@ def cache_share_held_out(rows: list[dict[str, Any]], fit_models: int = 2) -> dic
 
 # -- keeping a run (`trainer.rescore` simulates kept runs again) ---------------------------------
 
-#: How the rows' simulated steps were priced (``row_profile`` in the JSON; `trainer.rescore` replays
-#: the runs that say so the same way): with the model's ops timed between the blocks of its steps,
-#: kept as ``<model>-during_steps.json`` (`_measure`).
-ROW_PROFILE = "during_steps"
+#: The op times the rows' simulated steps were priced with (``row_profile`` in the JSON), as
+#: `trainer.rescore` replays them: ``"search"``, the profile the search used (``profile.json``);
+#: ``"during_steps"``, the ops timed between the steps' blocks (``<model>-during_steps.json``),
+#: which priced the rows of three runs kept at 09:40-10:13 on 2026-11-28.  Runs kept before the
+#: field existed were priced with the search's profile.
+ROW_PROFILES = ("search", "during_steps")
+#: The times `_measure` takes between the blocks, kept as ``<model>-<DURING_STEPS>.json``.
+DURING_STEPS = "during_steps"
 
 #: Inside a kept folder: the profile cache (op times and the runtime calibration) ...
 PROFILE = "profile.json"
@@ -640,7 +641,7 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
     in, for `trainer.rescore` to simulate its rows again with later code: its profile cache with
     the calibration, the diagnosis's profiles and the benchmark's JSON (`keep_folder`)."""
     from autopar.planner.cost import CostModel, ProfileCache, profile_local
-    from autopar.planner.cost.profiler import profile_items, store_lockstep_passes
+    from autopar.planner.cost import profile_items, store_lockstep_passes
     from autopar.planner.hardware import get_preset
     from autopar.planner.ir import import_spec
     from autopar.planner.sim import TaskGraphBuilder
@@ -684,8 +685,9 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
             probes.append(speed_probe())
             cost = CostModel(cache).bind(graph)
             chosen = strategies(graph, topology, cost, spec.module, cfg, log)
-            believed = {name: simulate_parts(TaskGraphBuilder(graph, topology, cost, _OPT.name), s)[0]
-                        for name, s in chosen.items()}
+            builder = TaskGraphBuilder(graph, topology, cost, _OPT.name)
+            simulated = {name: simulate_parts(builder, s) for name, s in chosen.items()}
+            mean_arrivals = _mean_arrivals(builder, chosen)
             # A plan two strategies share trains once (module docstring, 4.).
             first: dict[tuple, str] = {}
             same = {name: first.setdefault(s.configs, name) for name, s in chosen.items()}
@@ -696,8 +698,7 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
             items = profile_items(graph, WORLD, product)
             per_rank, passes = zip(*run_local(_measure, WORLD, (jobs, cfg["warmup"], cfg["steps"],
                                                                 (items, product, cfg["profile_repeats"]))))
-            # The rows' cost model: the ops timed between the steps' blocks (module docstring, 3.).
-            during = ProfileCache(path=folder / f"{graph.name}-{ROW_PROFILE}.json")
+            during = ProfileCache(path=folder / f"{graph.name}-{DURING_STEPS}.json")
             during.put_calibration(calibration)
             report = store_lockstep_passes(graph, items, passes, during, product)
             during.save()
@@ -706,9 +707,8 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
             probes.append(speed_probe())
             after = (_profile_again(model, options, graph, calibration, folder, "after_steps", cfg, log)
                      if cfg["diagnose"] else None)
-            builder = TaskGraphBuilder(graph, topology, CostModel(during).bind(graph), _OPT.name)
-            simulated = {name: simulate_parts(builder, s) for name, s in chosen.items()}
-            mean_arrivals = _mean_arrivals(builder, chosen)
+            in_steps = TaskGraphBuilder(graph, topology, CostModel(during).bind(graph), _OPT.name)
+            in_steps_s = {name: simulate_parts(in_steps, s)[0] for name, s in chosen.items()}
             diagnosed = (_diagnose(model, options, graph, topology, calibration, {n: chosen[n] for n in unique},
                                    folder, after, cfg, log) if cfg["diagnose"] else {})
             speed[graph.name] = drift = _drift(probes)
@@ -725,7 +725,7 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
                 sim_s, sparts, peak = simulated[name]
                 row = {"model": graph.name, "strategy": name, "simulated_s": sim_s, "measured_s": med, "cv": cv,
                        "error": sim_s / med - 1.0, "simulated_parts_s": sparts, "measured_parts_s": mparts,
-                       "simulated_search_profile_s": believed[name], "error_search_profile": believed[name] / med - 1.0,
+                       "simulated_during_steps_s": in_steps_s[name], "error_during_steps": in_steps_s[name] / med - 1.0,
                        "plan": {op.name: [list(chosen[name][op.name].degrees), list(chosen[name][op.name].devices)]
                                 for op in graph.ops}}
                 if same[name] != name:
@@ -746,8 +746,8 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
            "calibration": summary(calibration),
            "warmup_steps": cfg["warmup"], "measured_steps": cfg["steps"], "search_budget_s": cfg["search_budget_s"],
            "models": [{"model": m, "options": o} for m, o in models], "rows": rows, **totals(rows),
-           "row_profile": ROW_PROFILE,
-           "search_profile": search_profile_totals(rows),
+           "row_profile": "search",
+           "during_steps": during_steps_totals(rows),
            "diagnosis": diagnosis_totals(rows),
            "mean_arrivals": mean_arrival_totals(rows),
            "machine_speed": {"probe": "median seconds of a fixed one-thread compute-bound and memory-bound "
@@ -787,11 +787,11 @@ def print_table(doc: dict[str, Any]) -> None:
         f"mean {100 * doc['mean_error']:+.1f} % (|·| {100 * t['abs_mean_error']:.0f} %), "
         f"Kendall tau {tau} over {doc['kendall_pairs']} pairs ({t['kendall_tau']}), "
         f"searched / best measured {searched} ({t['searched_vs_best_measured']})")
-    believed = doc.get("search_profile")
-    if believed:
-        console.print(f"with the profile the search used, taken before it (what `autopar plan` believed): median "
-                      f"|error| {100 * believed['median_abs_error']:.1f} %, p90 {100 * believed['p90_abs_error']:.1f} %, "
-                      f"max {100 * believed['max_abs_error']:.1f} %, mean {100 * believed['mean_error']:+.1f} %")
+    during = doc.get("during_steps")
+    if during:
+        console.print(f"with the ops timed between the steps' blocks (not applied above): median |error| "
+                      f"{100 * during['median_abs_error']:.1f} %, p90 {100 * during['p90_abs_error']:.1f} %, "
+                      f"max {100 * during['max_abs_error']:.1f} %, mean {100 * during['mean_error']:+.1f} %")
     speed = doc.get("machine_speed", {}).get("per_model")
     if speed:
         console.print("machine speed during the steps against the profile (probe time, > 1: slower): "
@@ -802,7 +802,7 @@ def print_table(doc: dict[str, Any]) -> None:
     if diag:
         after, llc, share = diag["profile_after_steps"], diag["llc_evicted"], diag["compute_cache_share"]
         console.print(
-            f"with the profile after the steps alone (not applied above): each row's simulated step moved by "
+            f"profiled again after the steps (not applied above): each row's simulated step moved by "
             f"{100 * after['median_change']:.1f} % (median, max {100 * after['max_change']:.1f} %), median |error| "
             f"{100 * after['median_abs_error']:.1f} %, mean {100 * after['mean_error']:+.1f} %; with the last-level "
             f"cache evicted: median |error| {100 * llc['median_abs_error']:.1f} %, "

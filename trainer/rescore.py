@@ -7,10 +7,10 @@ One run of `autopar bench accuracy` is one sample of a noisy machine: on the 2-v
 moved by more between runs minutes apart (median 4.9-11.0 %, mean -6.4 to +0.5 %) than most
 changes to the simulator move them (docs/simulation.md, "Nineteenth round").  A change judged on
 the next run alone is judged on the noise.  So a run can be kept: its profile cache, with the
-runtime calibration and the op times the search used, each model's op times taken between the
-blocks of its steps (which priced the rows, ``row_profile``; runs kept before that field existed
-priced them with the main profile and are replayed so), the two diagnosis profiles taken after
-them, and the benchmark's JSON with every row's plan and measured step.
+runtime calibration and the op times the search used (which priced the rows), each model's op
+times taken between the blocks of its steps (which priced them instead in three runs whose JSON
+says so, ``row_profile``), the two diagnosis profiles taken after them, and the benchmark's JSON
+with every row's plan and measured step.
 `rescore` rebuilds each kept row's strategy from its plan, simulates it from the kept profiles with
 the code as it is now, and reports the errors against the same measured steps, run by run and
 pooled over all the runs given.  A change to the simulator is then scored on every kept run at
@@ -36,8 +36,8 @@ from typing import Any, Callable
 
 from autopar.planner.errors import AutoparError
 
-from .accuracy import (_EXAMPLES, _OPT, PROFILE, RESULT, ROW_PROFILE, WORLD, KeptRunError, keep_folder, record,
-                       totals)
+from .accuracy import (_EXAMPLES, _OPT, DURING_STEPS, PROFILE, RESULT, ROW_PROFILES, WORLD, KeptRunError,
+                       keep_folder, record, totals)
 
 
 def _load(folder: Path) -> tuple[dict[str, Any], Any, dict[str, int]]:
@@ -72,17 +72,17 @@ def _load(folder: Path) -> tuple[dict[str, Any], Any, dict[str, int]]:
 
 
 def _row_costs(folder: Path, doc: dict[str, Any], cache: Any, model: str) -> Any:
-    """The op times a kept run priced `model`'s rows with: those timed between its steps' blocks
-    where the run says so (``row_profile``, `ROW_PROFILE`), with the run's calibration; otherwise,
-    in runs kept before the field existed (`benchmarks/accuracy/2026-11-28-*`), the main profile."""
+    """The op times a kept run priced `model`'s rows with (``row_profile``, `ROW_PROFILES`): the
+    search's profile, or the ops timed between the steps' blocks, with the run's calibration."""
     from autopar.planner.cost import ProfileCache
     from autopar.planner.errors import CostModelError
-    if doc.get("row_profile") is None:
+    how = doc.get("row_profile") or "search"
+    if how not in ROW_PROFILES:
+        raise KeptRunError(f"{folder / RESULT}: its rows were priced with {how!r}, which this autopar does not know "
+                           f"(it knows {', '.join(map(repr, ROW_PROFILES))}); rescore it with the autopar that kept it")
+    if how == "search":
         return cache
-    if doc["row_profile"] != ROW_PROFILE:
-        raise KeptRunError(f"{folder / RESULT}: its rows were priced with {doc['row_profile']!r}, which this autopar "
-                           f"does not know (it knows {ROW_PROFILE!r}); rescore it with the autopar that kept it")
-    path = folder / f"{model}-{ROW_PROFILE}.json"
+    path = folder / f"{model}-{DURING_STEPS}.json"
     if not path.is_file():
         raise KeptRunError(f"{folder}: its rows were priced with the ops timed between each model's steps, and "
                            f"{path.name} is missing; keep the run whole, or keep a new one")

@@ -7,8 +7,7 @@ import json
 import pytest
 
 from autopar.planner.sim import STEP_PARTS
-from autopar.trainer.accuracy import (PROBE_PARTS, ROW_PROFILE, _measured_row, kendall_tau, run_accuracy_bench,
-                                      speed_probe, totals)
+from autopar.trainer.accuracy import PROBE_PARTS, _measured_row, kendall_tau, run_accuracy_bench, speed_probe, totals
 from autopar.trainer.rescore import PROFILE, RESULT, KeptRunError, rescore
 
 
@@ -98,12 +97,13 @@ def test_a_small_accuracy_run_reports_every_row_and_the_totals(tmp_path):
             seen[key] = r
     assert {"median_abs_error", "p90_abs_error", "max_abs_error", "mean_error", "kendall_tau",
             "searched_vs_best_measured"} <= set(doc)
-    # The rows are priced with the ops timed between the steps' blocks; what the search's profile
-    # believed is reported beside them.
-    assert doc["row_profile"] == ROW_PROFILE
+    # The rows are priced with the search's profile; with the ops timed between the steps' blocks
+    # they are reported beside it.
+    assert doc["row_profile"] == "search"
     for r in doc["rows"]:
-        assert r["error_search_profile"] == pytest.approx(r["simulated_search_profile_s"] / r["measured_s"] - 1)
-    assert doc["search_profile"]["max_abs_error"] >= doc["search_profile"]["median_abs_error"] >= 0
+        assert r["error_during_steps"] == pytest.approx(r["simulated_during_steps_s"] / r["measured_s"] - 1)
+        assert r["simulated_during_steps_s"] > 0
+    assert doc["during_steps"]["max_abs_error"] >= doc["during_steps"]["median_abs_error"] >= 0
     for r in doc["rows"]:   # profiled again after the steps, both ways, and simulated with each
         d = r["diagnosis"]
         assert r["peak_memory_bytes"] > 0
@@ -281,7 +281,7 @@ def test_strategies_train_in_blocks_of_consecutive_steps(monkeypatch):
 def test_the_ops_are_timed_between_the_blocks_one_pass_a_round(monkeypatch):
     """With a profile to take, each round passes over the model's task shapes once, a share of
     them before each block, in lockstep with the other ranks (`lockstep_task` at the barrier)."""
-    from autopar.planner.cost import profiler
+    from autopar.planner import cost
     from autopar.trainer import accuracy
     log = []
 
@@ -302,8 +302,8 @@ def test_the_ops_are_timed_between_the_blocks_one_pass_a_round(monkeypatch):
     jobs = [type("J", (job,), {"name": n}) for n in "ab"]
     monkeypatch.setattr(accuracy, "Trainer", FakeTrainer)
     monkeypatch.setattr(accuracy.dist, "barrier", lambda: None)
-    monkeypatch.setattr(profiler, "lockstep_task", fake_task)
-    monkeypatch.setattr(profiler, "engine_overhead", lambda device: (0.0, 0.0))
+    monkeypatch.setattr(cost, "lockstep_task", fake_task)
+    monkeypatch.setattr(cost, "engine_overhead", lambda device: (0.0, 0.0))
     items = ["i0", "i1", "i2"]
     steps, passes = accuracy._measure(0, 2, jobs, warmup=1, steps=3, profile=(items, "CPU-core", 5))
     assert [len(o) for o in steps] == [3, 3] and passes == [[(1.0, 2.0, None)] * accuracy.ROUNDS] * 3

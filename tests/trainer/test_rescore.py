@@ -107,8 +107,7 @@ def _kept_with_row_profile(tmp_path, row_profile):
 
 
 def test_rows_priced_with_the_ops_timed_between_the_steps_need_them_kept(tmp_path):
-    from autopar.trainer.accuracy import ROW_PROFILE
-    _kept_with_row_profile(tmp_path, ROW_PROFILE)
+    _kept_with_row_profile(tmp_path, "during_steps")
     with pytest.raises(KeptRunError, match="lenet-during_steps.json is missing; keep the run whole"):
         rescore_run(tmp_path)
     (tmp_path / "lenet-during_steps.json").write_text("{}")

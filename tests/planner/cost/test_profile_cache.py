@@ -280,4 +280,3 @@ def test_a_calibration_measured_by_an_older_method_is_dropped_but_the_op_times_s
     assert kept is not None and kept.bwd_call_s == current["bwd_call_s"] > 0
     assert cache.calibration("CPU-core", "gloo", 4) is not None
     assert "CPU-core|gloo|3" in cache.notice and "|2" not in cache.notice and "|4" not in cache.notice
-
