@@ -251,22 +251,25 @@ def test_a_pair_pass_whose_peer_fails_raises_its_error_instead_of_waiting():
     assert os.sched_getaffinity(0) == mask
 
 
+def _logging_trainer(log: list, entry):
+    """A stand-in for `Trainer` whose steps append ``entry(job, step)`` to `log`."""
+    class LoggingTrainer:
+        def __init__(self, job, rank, world, groups):
+            self.job = job
+            self.runtime = type("R", (), {"phases": {}})()
+
+        def train_step(self, step):
+            log.append(entry(self.job, step))
+    return LoggingTrainer
+
+
 def test_strategies_train_in_blocks_of_consecutive_steps(monkeypatch):
     """Each strategy's timed steps come in `ROUNDS` blocks of consecutive steps (a user's run
     steps one strategy after another), each block after its warm-up, in reverse order every
     other round; every job gets `steps` timed steps and its step numbers run on."""
     from autopar.trainer import accuracy
     log = []
-
-    class FakeTrainer:
-        def __init__(self, job, rank, world, groups):
-            self.job = job
-            self.runtime = type("R", (), {"phases": {}})()
-
-        def train_step(self, step):
-            log.append((self.job, step))
-
-    monkeypatch.setattr(accuracy, "Trainer", FakeTrainer)
+    monkeypatch.setattr(accuracy, "Trainer", _logging_trainer(log, lambda job, step: (job, step)))
     monkeypatch.setattr(accuracy.dist, "barrier", lambda: None)
     out = accuracy._measure(0, 2, ["a", "b"], warmup=5, steps=30)
     assert [len(o) for o in out] == [30, 30]
@@ -285,14 +288,6 @@ def test_the_ops_are_timed_between_the_blocks_one_pass_a_round(monkeypatch):
     from autopar.trainer import accuracy
     log = []
 
-    class FakeTrainer:
-        def __init__(self, job, rank, world, groups):
-            self.job = job
-            self.runtime = type("R", (), {"phases": {}})()
-
-        def train_step(self, step):
-            log.append(("step", self.job.name))
-
     def fake_task(graph, module, kind, item, sync, **kw):
         assert (graph, module, kind, sync) == ("graph", "module", "CPU-core", accuracy.dist.barrier)
         log.append(("op", item))
@@ -300,7 +295,7 @@ def test_the_ops_are_timed_between_the_blocks_one_pass_a_round(monkeypatch):
 
     job = type("J", (), {"graph": "graph", "spec": type("S", (), {"module": "module"})()})
     jobs = [type("J", (job,), {"name": n}) for n in "ab"]
-    monkeypatch.setattr(accuracy, "Trainer", FakeTrainer)
+    monkeypatch.setattr(accuracy, "Trainer", _logging_trainer(log, lambda job, step: ("step", job.name)))
     monkeypatch.setattr(accuracy.dist, "barrier", lambda: None)
     monkeypatch.setattr(cost, "lockstep_task", fake_task)
     monkeypatch.setattr(cost, "engine_overhead", lambda device: (0.0, 0.0))
