@@ -12,8 +12,9 @@ The loss is divided by the global batch in every task (`planner.ir.kernels`), so
 Ordering.  A parameter's gradient is final on a rank after the backward pass of its *first* user
 in graph order (ops that share it — unrolled recurrent steps — have all added their part by
 then).  Cells become ready in reverse graph order; they are packed, in that order, into buckets
-per device set, and a bucket is issued as an asynchronous all-reduce as soon as it is full (the
-overlap of communication with the rest of the backward pass that DDP's buckets give).  The buckets
+per device set, and a bucket is issued as an asynchronous all-reduce as soon as it is final: full,
+or, for the last one of a device set, holding its last cell (the overlap of communication with
+the rest of the backward pass that DDP's buckets give).  The buckets
 are planned once from the plan, identically on every rank, so every group sees its all-reduces
 issued in the same order by all its members.
 """
