@@ -784,7 +784,13 @@ def store_lockstep_passes(graph: OperatorGraph, items: list[tuple[str, str, tupl
     the median of its passes.  `per_rank[r][n]` lists process r's (forward, backward, error) of
     item n, one per pass; a task that failed in a pass is reported skipped."""
     report = ProfileReport(kind)
-    work = [(key, graph[name], degrees) for key, name, degrees in items]
+    _store_lockstep([(key, graph[name], degrees) for key, name, degrees in items], per_rank, cache, report)
+    return report
+
+
+def _store_lockstep(work: list, per_rank: Sequence[Sequence[Sequence[tuple[float, float, str | None]]]],
+                    cache: ProfileCache, report: ProfileReport) -> None:
+    """`store_lockstep_passes` into an existing `report`, for `work` (key, op, degrees)."""
     passes: list[list[tuple[float, float]]] = [[] for _ in work]
     failed: dict[int, str] = {}
     for n in range(len(work)):
@@ -797,7 +803,6 @@ def store_lockstep_passes(graph: OperatorGraph, items: list[tuple[str, str, tupl
         if not passes[n] and n not in failed:
             failed[n] = "never measured"
     _store_passes(work, passes, failed, cache, report)
-    return report
 
 
 def _profile_worker(rank: int, model: str, options: dict[str, object], kind: str,
@@ -892,20 +897,14 @@ def _profile_concurrent(model: str, options: Mapping[str, object], graph: Operat
             p.start()
         fixed = [m[3] for m in collect("overhead", -1)]
         report.engine_overhead = statistics.median(fixed)
-        passes: list[list[tuple[float, float]]] = [[] for _ in work]
-        failed: dict[int, str] = {}
+        per_rank: list[list[list[tuple[float, float, str | None]]]] = [[[] for _ in work] for _ in procs]
         for i in range(len(items)):
             n = i % len(work)
-            op = work[n][1]
             if progress is not None:
-                progress(i, len(items), op.name)
-            msgs = collect("task", i)
-            errors = sorted(m[5] for m in msgs if m[5] is not None)
-            if errors:
-                failed.setdefault(n, errors[0])
-                continue
-            passes[n].append((statistics.median(m[3] for m in msgs), statistics.median(m[4] for m in msgs)))
-        _store_passes(work, passes, failed, cache, report)
+                progress(i, len(items), work[n][1].name)
+            for m in collect("task", i):
+                per_rank[m[2]][n].append((m[3], m[4], m[5]))
+        _store_lockstep(work, per_rank, cache, report)
         for p in procs:
             p.join()
     finally:
