@@ -125,11 +125,17 @@ is: run it when nothing else competes for the cores.  `calibrate(world)` measure
    microbenchmark's median curve, shifted to meet it.  The same steps give the staging (8.).
    The same chain with its ops whole and on ranks 0 and 1 in turn (``one_way``) sends every
    message one way; its latencies, from the sender's entry to the receiver's return
-   (`one_way_latencies`), give ``p2p_oneway`` (`in_step_curve`): 0.12 ms at 2 KiB, 0.23 ms at
-   128 KiB, 0.35 ms at 512 KiB and 0.94 ms at 2 MiB here, what a transformer's one-way messages
-   took in its model-parallel steps (128 KiB 0.18-0.24 ms, 256 KiB 0.24-0.36 ms).  Both chains
-   take their batches' steps in turn (`_interleaved`): batch after batch, two calibrations of one
-   morning put 2 MiB one way at 8.3 and 8.9 ms, and one between them at 0.94 ms.
+   (`one_way_latencies`), give ``p2p_oneway`` (`in_step_curve`) at their **median** per size:
+   0.15-0.23 ms at 2 KiB, 0.34-0.52 ms at 512 KiB and 0.9-1.2 ms at 2 MiB in ten calibrations on
+   a Xeon VM, what a transformer's one-way messages took in its model-parallel steps (128 KiB
+   0.18-0.24 ms, 256 KiB 0.24-0.36 ms).  Not at the mean, as the two-way curve: the one-way
+   chain's messages stall for milliseconds in some calibrations and not in others (the mean at
+   512 KiB moved from 0.36 to 1.36 ms), while that transformer's model-parallel steps spent
+   27.5-34.7 ms a step in their exchanges in nine of the ten runs whatever the chain's mean said.
+   Priced at the mean, its error followed the calibration (+0.1 to +25.6 %); at the median,
+   -9.3 to +13.8 % (calibration method 11; docs/simulation.md, "Twenty-second round").  Both
+   chains take their batches' steps in turn (`_interleaved`): batch after batch, two calibrations
+   of one morning put 2 MiB one way at 8.3 and 8.9 ms (mean), and one between them at 0.94 ms.
    The two-way chain's timestamps also say how much the ranks' arrivals at an exchange vary
    from step to step (`arrival_noise`): the variance two ranks' offset gains per second each
    runs (``jitter``) and the variance it has as they leave an exchange (``leave_var``), by size;
@@ -1221,7 +1227,8 @@ def arrival_noise(runs: list[dict[int, dict[str, list]]],
     ``leave_var`` is X's variance at each batch's message size (the mean over the calls),
     ``latency_var`` the variance of the one-way chain's latencies (`one_way`, `one_way_latencies`)
     at each of its sizes; both made monotone.  These two are the interquartile ranges' variances
-    (`spread`): their tails are the latencies', which are in the mean latencies already.  D's and
+    (`spread`): their tails are the latencies', which are in the mean two-way latencies already
+    (and which the one-way curve's medians leave out on purpose: module doc, stage 6).  D's and
     X's in ``jitter`` are plain variances: what makes D vary more than X is partly rare delays (a
     rank preempted for a scheduler tick) whose chance grows with the time run, which an
     interquartile range misses and a step's mean wait does not.  The chain's two-way exchanges are
@@ -1281,11 +1288,13 @@ def one_way_latencies(per_rank: list[dict[str, list]]) -> tuple[list[float], flo
 
 
 def in_step_curve(runs: list[dict[int, dict[str, list]]], latencies: Callable,
-                  shape: Curve) -> tuple[Curve, list[dict]]:
+                  shape: Curve, stat: str = "mean_s") -> tuple[Curve, list[dict]]:
     """A latency curve from an in-situ workload's runs (per rank, per batch): the mean of
-    `latencies` (`message_latencies` or `one_way_latencies`) at each batch's message size, made
-    monotone, and beyond the largest the `shape` curve shifted to meet it (the tail belongs to the
-    latency, not to the bytes).  Also the statistics per size."""
+    `latencies` (`message_latencies` or `one_way_latencies`) at each batch's message size (`stat`
+    ``"median_s"``: the median), made monotone, and beyond the largest the `shape` curve shifted to
+    meet it (the tail belongs to the latency, not to the bytes).  Also the statistics per size."""
+    if stat not in ("mean_s", "median_s"):
+        raise ValueError(f"an in-step latency curve follows the mean_s or the median_s per size, not {stat!r}")
     per_size = []
     for batch in sorted(runs[0]):
         samples, size = latencies([r[batch] for r in runs])
@@ -1293,8 +1302,8 @@ def in_step_curve(runs: list[dict[int, dict[str, list]]], latencies: Callable,
         per_size.append({"batch": batch, "message_bytes": size, "messages": len(samples), "mean_s": st["mean"],
                          "median_s": st["median"], "p90_s": st["p90"]})
     last = per_size[-1]
-    shift = last["mean_s"] - shape(last["message_bytes"])
-    points = [(p["message_bytes"], p["mean_s"]) for p in per_size]
+    shift = last[stat] - shape(last["message_bytes"])
+    points = [(p["message_bytes"], p[stat]) for p in per_size]
     points += [(x, max(0.0, y + shift)) for x, y in shape.points if x > last["message_bytes"]]
     return Curve.fit(points), per_size
 
@@ -1314,7 +1323,8 @@ def fit_exchange_latency(cal: RuntimeCalibration, world: int, cfg: "Settings",
     the receiver has the data).  At each size, their mean -- the simulator adds latencies, so the
     tail counts in full -- is a point of the curve; the curve is made monotone, and beyond the
     largest size it follows the microbenchmark's `wire` curve (the median wait per size; without
-    it, the microbenchmark's mean curve), shifted to meet the last point.  Inside steps the
+    it, the microbenchmark's mean curve), shifted to meet the last point.  The one-way workload's
+    curve (``p2p_oneway``) is built the same way from its median latencies (module doc, stage 6).  Inside steps the
     bytes cost more than between idle ranks too: on this machine 1 MiB took 0.83 ms (median)
     in the chain and 0.33 ms in the microbenchmark.
 
@@ -1332,8 +1342,8 @@ def fit_exchange_latency(cal: RuntimeCalibration, world: int, cfg: "Settings",
     p2p, per_size = in_step_curve(in_situ, message_latencies, shape)
     tuned = replace(cal, p2p=p2p)
     one_way_sizes = None
-    if one_way is not None:     # ``p2p_oneway``, the same way from the one-way workload's runs
-        oneway, one_way_sizes = in_step_curve(one_way, one_way_latencies, shape)
+    if one_way is not None:     # ``p2p_oneway``, from the one-way workload's runs, at the median
+        oneway, one_way_sizes = in_step_curve(one_way, one_way_latencies, shape, "median_s")
         tuned = replace(tuned, p2p_oneway=oneway)
 
     job = in_situ_job(world)

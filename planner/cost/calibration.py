@@ -172,8 +172,9 @@ class Curve:
 #: two-way exchanges only (8 put ``leave_var`` 10-15x too high in sd;
 #: `autopar.trainer.calibrate.arrival_noise`).  10: point-to-point and all-reduce sizes, and the
 #: in-situ chains' batches, taken in turn in every repetition, not one after another
-#: (`autopar.trainer.calibrate._interleaved`).
-CALIBRATION_METHOD = 10
+#: (`autopar.trainer.calibrate._interleaved`).  11: one-way messages at the median latency per
+#: size, not the mean (`autopar.trainer.calibrate.in_step_curve`).
+CALIBRATION_METHOD = 11
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import pytest
 from autopar.planner.cost import Curve, ProfileCache
 from autopar.planner.cost.calibration import CALIBRATION_METHOD, STAGING_PARTS, RuntimeCalibration
 from autopar.trainer.calibrate import (IN_SITU_BATCHES, QUICK_SIZES, _interleaved, arrival_noise, calibrate, fit_draw,
-                                      fit_intercept,
+                                      fit_intercept, in_step_curve,
                                       fit_optimizer,
                                       in_situ_job, issue_curve, message_latencies, message_serial,
                                       one_way_latencies, receive_posting, spread, staging_curves)
@@ -75,9 +75,9 @@ def test_a_quick_calibration_of_two_ranks_is_complete_and_round_trips(tmp_path):
     one_way = fit["one_way"]["per_size"]
     assert [p["batch"] for p in one_way] == sorted(IN_SITU_BATCHES) and all(p["messages"] > 0 for p in one_way)
     assert _monotone_positive(cal.p2p_oneway.points)
-    for p in one_way:
+    for p in one_way:   # at the median per size (calibration method 11)
         assert cal.p2p_oneway(p["message_bytes"]) == pytest.approx(
-            Curve.fit((q["message_bytes"], q["mean_s"]) for q in one_way)(p["message_bytes"]), rel=1e-9)
+            Curve.fit((q["message_bytes"], q["median_s"]) for q in one_way)(p["message_bytes"]), rel=1e-9)
     assert fit["predicted_step_s"] > 0 and fit["measured_step_s"] > 0
     # How the ranks' arrivals vary was measured on the same chain's exchanges.
     noise = details["arrival_noise"]
@@ -247,6 +247,23 @@ def test_one_way_latencies_run_from_the_senders_entry_to_the_receivers_return():
         one_way_latencies([rank0, {"times": [0.01], "calls": [[(1.05, 1.3, 64)]]}])
     with pytest.raises(ValueError):
         one_way_latencies([rank0])
+
+
+def test_an_in_step_curve_follows_the_mean_or_the_median_per_size_and_the_shape_beyond():
+    """Two sizes whose latencies have a bulk and, at the larger, one stall: the mean curve carries
+    the stall (the two-way curve), the median curve does not (the one-way curve, calibration
+    method 11); beyond the largest size both follow `shape`, shifted to meet their last point."""
+    samples = {1: ([1e-4] * 9 + [1.1e-4], 1024), 2: ([2e-4] * 9 + [5.2e-3], 4096)}
+    shape = Curve(((1024.0, 1e-4), (4096.0, 3e-4), (16384.0, 9e-4)))
+    runs = [{1: 1, 2: 2}]
+    mean, per_size = in_step_curve(runs, lambda per_rank: samples[per_rank[0]], shape)
+    median, _ = in_step_curve(runs, lambda per_rank: samples[per_rank[0]], shape, "median_s")
+    assert [p["message_bytes"] for p in per_size] == [1024, 4096] and per_size[1]["messages"] == 10
+    assert mean(4096) == pytest.approx(statistics.fmean(samples[2][0])) == pytest.approx(7e-4)
+    assert median(4096) == pytest.approx(2e-4) and median(1024) == pytest.approx(1e-4)
+    assert mean(16384) == pytest.approx(7e-4 + 6e-4) and median(16384) == pytest.approx(2e-4 + 6e-4)
+    with pytest.raises(ValueError, match="mean_s or the median_s"):
+        in_step_curve(runs, lambda per_rank: samples[per_rank[0]], shape, "p90_s")
 
 
 def test_the_one_way_workload_puts_each_op_whole_on_ranks_0_and_1_in_turn():
