@@ -16,9 +16,10 @@ keeps it beside the op times.  The simulator reads it when it models the trainer
   `Curve`-interpolated between sizes measured at powers of two.
 * **One-way messages** (``p2p_oneway``) — seconds for a message of n bytes between two ranks
   whose exchange sends nothing back between them, from the moment its sender sends it to the
-  moment its receiver has it, measured inside steps.  On gloo ranks, which post their receives
-  ahead, such a message leaves as soon as its sender reaches the exchange, and it is cheap: a
-  transformer's one-way 256 KiB messages took 0.24 ms in its steps.  An exchange in which two
+  moment its receiver has it, measured inside steps (the median per size:
+  `autopar.trainer.calibrate`, stage 6).  On gloo ranks, which post their receives ahead, such a
+  message leaves as soon as its sender reaches the exchange, and it is cheap: a transformer's
+  one-way 256 KiB messages took 0.24 ms in its steps.  An exchange in which two
   ranks send to each other stalls often (for 2-3 ms, a third to a half of the time on this
   machine), so ``p2p`` is measured on such exchanges and ``p2p_oneway`` apart; None where it was
   not measured (every message then costs ``p2p``).
