@@ -1323,10 +1323,10 @@ def fit_exchange_latency(cal: RuntimeCalibration, world: int, cfg: "Settings",
     the receiver has the data).  At each size, their mean -- the simulator adds latencies, so the
     tail counts in full -- is a point of the curve; the curve is made monotone, and beyond the
     largest size it follows the microbenchmark's `wire` curve (the median wait per size; without
-    it, the microbenchmark's mean curve), shifted to meet the last point.  The one-way workload's
-    curve (``p2p_oneway``) is built the same way from its median latencies (module doc, stage 6).  Inside steps the
-    bytes cost more than between idle ranks too: on this machine 1 MiB took 0.83 ms (median)
-    in the chain and 0.33 ms in the microbenchmark.
+    it, the microbenchmark's mean curve), shifted to meet the last point.  The one-way
+    workload's curve (``p2p_oneway``) is built the same way from its median latencies (module
+    doc, stage 6).  Inside steps the bytes cost more than between idle ranks too: on this
+    machine 1 MiB took 0.83 ms (median) in the chain and 0.33 ms in the microbenchmark.
 
     A measurement, not a fit: the step time the simulator predicts for the workload at
     `IN_SITU_BATCH` with this calibration (its ops profiled as `autopar profile` does) is kept

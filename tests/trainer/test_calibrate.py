@@ -10,9 +10,9 @@ import pytest
 from autopar.planner.cost import Curve, ProfileCache
 from autopar.planner.cost.calibration import CALIBRATION_METHOD, STAGING_PARTS, RuntimeCalibration
 from autopar.trainer.calibrate import (IN_SITU_BATCHES, QUICK_SIZES, _interleaved, arrival_noise, calibrate, fit_draw,
-                                      fit_intercept, in_step_curve,
+                                      fit_intercept,
                                       fit_optimizer,
-                                      in_situ_job, issue_curve, message_latencies, message_serial,
+                                      in_situ_job, in_step_curve, issue_curve, message_latencies, message_serial,
                                       one_way_latencies, receive_posting, spread, staging_curves)
 
 
