@@ -578,14 +578,14 @@ def cache_share_held_out(rows: list[dict[str, Any]], fit_models: int = 2) -> dic
 
 # -- keeping a run (`trainer.rescore` simulates kept runs again) ---------------------------------
 
+#: The times `_measure` takes between the blocks, kept as ``<model>-<DURING_STEPS>.json``.
+DURING_STEPS = "during_steps"
 #: The op times the rows' simulated steps were priced with (``row_profile`` in the JSON), as
 #: `trainer.rescore` replays them: ``"search"``, the profile the search used (``profile.json``);
 #: ``"during_steps"``, the ops timed between the steps' blocks (``<model>-during_steps.json``),
 #: which priced the rows of three runs kept at 09:40-10:13 on 2026-11-28.  Runs kept before the
 #: field existed were priced with the search's profile.
-ROW_PROFILES = ("search", "during_steps")
-#: The times `_measure` takes between the blocks, kept as ``<model>-<DURING_STEPS>.json``.
-DURING_STEPS = "during_steps"
+ROW_PROFILES = ("search", DURING_STEPS)
 
 #: Inside a kept folder: the profile cache (op times and the runtime calibration) ...
 PROFILE = "profile.json"

@@ -14,9 +14,9 @@ in graph order (ops that share it — unrolled recurrent steps — have all adde
 then).  Cells become ready in reverse graph order; they are packed, in that order, into buckets
 per device set, and a bucket is issued as an asynchronous all-reduce as soon as it is final: full,
 or, for the last one of a device set, holding its last cell (the overlap of communication with
-the rest of the backward pass that DDP's buckets give).  The buckets
-are planned once from the plan, identically on every rank, so every group sees its all-reduces
-issued in the same order by all its members.
+the rest of the backward pass that DDP's buckets give).  The buckets are planned once from the
+plan, identically on every rank, so every group sees its all-reduces issued in the same order by
+all its members.
 """
 
 from __future__ import annotations
