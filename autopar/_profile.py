@@ -1,5 +1,6 @@
-"""`autopar profile`: measure op times on this machine into the profile cache, and the runtime
-calibration of ``local:N`` (`autopar.trainer.calibrate`) the first time, or with --recalibrate."""
+"""`autopar profile`: measure op times on this machine into the profile cache, the runtime
+calibration of ``local:N`` (`autopar.trainer.calibrate`) the first time, or with --recalibrate,
+and the runtime's own work per op in the model's own steps (`ensure_model_overheads`)."""
 
 from __future__ import annotations
 
@@ -46,6 +47,7 @@ def run_profile(args) -> int:
     doc = report.to_dict()
     doc["cache"] = str(path)
     doc["calibration"] = _calibration(args, cache, workers, device.type)
+    doc["overheads"] = _overheads(args, cache, workers, device.type)
     if args.json:
         emit_json(doc)
         return 0
@@ -58,6 +60,7 @@ def run_profile(args) -> int:
     cal = doc["calibration"]
     where = f"local:{workers}" if device.type == "cpu" else f"{workers} x {report.device_kind}"
     print(f"calibration of {where} ({cal['status']}): {cal['line']}")
+    print(f"runtime overheads ({doc['overheads']['status']}): {doc['overheads']['line']}")
     print(f"cache: {path}")
     return 0
 
@@ -75,3 +78,20 @@ def _calibration(args, cache, workers: int, device: str = "cpu") -> dict:
 
     return ensure_calibration(cache, workers, recalibrate=getattr(args, "recalibrate", False), progress=progress,
                               device=device)
+
+
+def _overheads(args, cache, workers: int, device: str) -> dict:
+    """The runtime's own work per op in the model's own steps on ``local:<workers>``
+    (`autopar.job.pipeline.ensure_model_overheads`), on CPU ranks unless --no-calibrate."""
+    if getattr(args, "no_calibrate", False) or device != "cpu":
+        why = "--no-calibrate" if device == "cpu" else "on GPUs the calibration's own figures are used"
+        return {"status": "skipped", "line": f"not measured ({why})"}
+    from autopar.job.pipeline import ensure_model_overheads
+    from autopar.planner.zoo import parse_options
+
+    def progress(message: str) -> None:
+        if not args.json:
+            print(f"calibrating local:{workers}: {message}", file=sys.stderr, flush=True)
+
+    return ensure_model_overheads(cache, args.model, parse_options(args.model_opt), workers,
+                                  remeasure=getattr(args, "recalibrate", False), progress=progress)

@@ -58,7 +58,9 @@ def _build_parser(command: str | None = None) -> argparse.ArgumentParser:
                         "~/.cache/autopar/profile.json)")
     r.add_argument("--no-profile", action="store_true",
                    help="plan with what the profile cache holds (ops not in it are estimated analytically)")
-    r.add_argument("--recalibrate", action="store_true", help="measure the runtime calibration of local:N again")
+    r.add_argument("--recalibrate", action="store_true",
+                   help="measure the runtime calibration of local:N, and the runtime's work per op in the model's "
+                        "steps, again")
     r.add_argument("--metrics-port", type=int, metavar="P", help="serve the trainer's Prometheus metrics on P")
     r.add_argument("--json", action="store_true",
                    help="the report as JSON on stdout (progress and the short report go to stderr)")
@@ -170,9 +172,11 @@ def _build_parser(command: str | None = None) -> argparse.ArgumentParser:
     pr.add_argument("--max-tasks", type=int, default=None, help="profile at most this many new task shapes")
     pr.add_argument("--no-calibrate", action="store_true",
                     help="only op times: skip measuring the runtime calibration of local:N (communication, "
-                         "per-op overheads, optimizer, staging of messages; about 40 s, once per machine and N)")
+                         "per-op overheads, optimizer, staging of messages; about 150 s, once per machine and N) "
+                         "and the runtime's work per op in the model's own steps (a few seconds, once per model)")
     pr.add_argument("--recalibrate", action="store_true",
-                    help="measure the runtime calibration again even when the cache already holds one for local:N")
+                    help="measure the runtime calibration, and the runtime's work per op in the model's steps, "
+                         "again even when the cache already holds them for local:N")
     pr.set_defaults(func=_cmd_profile)
 
     b = sub.add_parser("bench", help="the benchmarks the project is judged by",

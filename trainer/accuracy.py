@@ -444,15 +444,15 @@ def _drift(probes: list[dict[str, float]]) -> dict[str, Any]:
 _Simulated = tuple[float, dict[str, float], int]       # `simulate_parts`
 
 
-def _profile_again(model: str, options: dict[str, Any], graph, calibration, folder: Path, tag: str,
+def _profile_again(model: str, options: dict[str, Any], graph, runtime, folder: Path, tag: str,
                    cfg: dict[str, Any], log: Callable[[str], None], level: str = "l2"):
     """`model` profiled again into a cache of its own (``<graph>-<tag>.json`` in `folder`, kept
-    with a kept run) with the same runtime calibration: ``level`` "l2" as the main profile (the
-    L2 left cold before each call), "llc" with the last-level cache left cold too
-    (`planner.cost.cache_evictor`)."""
+    with a kept run) with the runtime calibration and model overheads of the cache `runtime`:
+    ``level`` "l2" as the main profile (the L2 left cold before each call), "llc" with the
+    last-level cache left cold too (`planner.cost.cache_evictor`)."""
     from autopar.planner.cost import ProfileCache, profile_local
     cache = ProfileCache.load(folder / f"{graph.name}-{tag}.json")
-    cache.put_calibration(calibration)
+    cache.put_runtime_of(runtime)
     t0 = time.perf_counter()
     profile_local([model], workers=WORLD, options=options, cache=cache, repeats=cfg["profile_repeats"], warmup=2,
                   cache_level=level)
@@ -461,7 +461,7 @@ def _profile_again(model: str, options: dict[str, Any], graph, calibration, fold
     return cache
 
 
-def _diagnose(model: str, options: dict[str, Any], graph, topology, calibration, plans: dict[str, Any], folder: Path,
+def _diagnose(model: str, options: dict[str, Any], graph, topology, runtime, plans: dict[str, Any], folder: Path,
               after, cfg: dict[str, Any], log: Callable[[str], None]) -> dict[str, dict[str, _Simulated]]:
     """`plans` simulated with the profile taken right after the steps (`after`, `_profile_again`)
     and with one more, taken then with the last-level cache left cold before every call: tag
@@ -474,7 +474,7 @@ def _diagnose(model: str, options: dict[str, Any], graph, topology, calibration,
     ``compute_cache_share``."""
     from autopar.planner.cost import CostModel
     from autopar.planner.sim import TaskGraphBuilder
-    llc = _profile_again(model, options, graph, calibration, folder, "llc", cfg, log, level="llc")
+    llc = _profile_again(model, options, graph, runtime, folder, "llc", cfg, log, level="llc")
     out = {}
     for tag, cache in (("after_steps", after), ("llc", llc)):
         builder = TaskGraphBuilder(graph, topology, CostModel(cache).bind(graph), _OPT.name)
@@ -640,6 +640,7 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
     (``quick_calibration`` takes the quick one, for tests).  `keep`: a new folder to keep the run
     in, for `trainer.rescore` to simulate its rows again with later code: its profile cache with
     the calibration, the diagnosis's profiles and the benchmark's JSON (`keep_folder`)."""
+    from autopar.job.pipeline import ensure_model_overheads
     from autopar.planner.cost import CostModel, ProfileCache, profile_local
     from autopar.planner.cost import profile_items, store_lockstep_passes
     from autopar.planner.hardware import get_preset
@@ -657,6 +658,7 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
     topology = get_preset(f"local:{WORLD}")
     rows: list[dict[str, Any]] = []
     speed: dict[str, dict[str, Any]] = {}
+    overheads: dict[str, dict[str, float]] = {}
     t_all = time.perf_counter()
     kept = None
     if keep is not None:
@@ -682,6 +684,10 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
             report = profile_local([model], workers=WORLD, options=options, cache=cache,
                                    repeats=cfg["profile_repeats"], warmup=2)
             log(f"  profiled {len(report.measured)} task shapes in {time.perf_counter() - t0:.0f} s")
+            own = ensure_model_overheads(cache, model, options, WORLD, remeasure=bool(cfg.get("recalibrate")),
+                                         quick=bool(cfg.get("quick_calibration")), fingerprint=graph.fingerprint)
+            overheads[graph.name] = {k: own[k] for k in ("fwd_task_us", "bwd_task_us") if k in own}
+            log(f"  the runtime's own work per op in its steps ({own['status']}): {own['line']}")
             probes.append(speed_probe())
             cost = CostModel(cache).bind(graph)
             chosen = strategies(graph, topology, cost, spec.module, cfg, log)
@@ -699,17 +705,17 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
             per_rank, passes = zip(*run_local(_measure, WORLD, (jobs, cfg["warmup"], cfg["steps"],
                                                                 (items, product, cfg["profile_repeats"]))))
             during = ProfileCache(path=folder / f"{graph.name}-{DURING_STEPS}.json")
-            during.put_calibration(calibration)
+            during.put_runtime_of(cache)
             report = store_lockstep_passes(graph, items, passes, during, product)
             during.save()
             log(f"  trained {len(jobs)} strategies x {cfg['warmup'] + cfg['steps']} steps and profiled "
                 f"{len(report.measured)} task shapes between their blocks in {time.perf_counter() - t0:.0f} s")
             probes.append(speed_probe())
-            after = (_profile_again(model, options, graph, calibration, folder, "after_steps", cfg, log)
+            after = (_profile_again(model, options, graph, cache, folder, "after_steps", cfg, log)
                      if cfg["diagnose"] else None)
             in_steps = TaskGraphBuilder(graph, topology, CostModel(during).bind(graph), _OPT.name)
             in_steps_s = {name: simulate_parts(in_steps, s)[0] for name, s in chosen.items()}
-            diagnosed = (_diagnose(model, options, graph, topology, calibration, {n: chosen[n] for n in unique},
+            diagnosed = (_diagnose(model, options, graph, topology, cache, {n: chosen[n] for n in unique},
                                    folder, after, cfg, log) if cfg["diagnose"] else {})
             speed[graph.name] = drift = _drift(probes)
             log("  machine speed probe, the steps against the profile (> 1: slower): "
@@ -744,6 +750,7 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
     from .calibrate import summary
     doc = {"world_size": WORLD, "backend": "gloo", "threads_per_rank": 1, "quick": quick,
            "calibration": summary(calibration),
+           "model_overheads": overheads,
            "warmup_steps": cfg["warmup"], "measured_steps": cfg["steps"], "search_budget_s": cfg["search_budget_s"],
            "models": [{"model": m, "options": o} for m, o in models], "rows": rows, **totals(rows),
            "row_profile": "search",

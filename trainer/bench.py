@@ -133,11 +133,14 @@ def _measured_cost(model: str, options: dict, graph, repeats: int):
     benchmark has no side effects."""
     from autopar.planner.cost import CostModel, ProfileCache, profile_local
 
+    from autopar.job.pipeline import ensure_model_overheads
+
     from .calibrate import calibrate
     with tempfile.TemporaryDirectory(prefix="autopar-bench-") as d:
         cache = ProfileCache.load(Path(d) / "profile.json")
         report = profile_local([model], workers=2, options=options, cache=cache, repeats=repeats, warmup=5)
         cache.put_calibration(calibrate(2, quick=repeats < 5))   # what `autopar profile --topology local:2` adds
+        ensure_model_overheads(cache, model, options, 2, quick=repeats < 5)    # and this, for the model
     return CostModel(cache).bind(graph), report
 
 

@@ -76,6 +76,17 @@ is: run it when nothing else competes for the cores.  `calibrate(world)` measure
    `CALIBRATION_METHOD` 4 the eviction also runs other ops' code first (the profiler's
    `_Interloper`), as a step's other ops do: 55-58 us per forward task and 42-43 us per backward
    one here, against 31 and 20 us with the data evicted alone.
+   **In the model's own steps** (`model_overheads`, CPU ranks).  The cold chains' bookkeeping is
+   not what a real model's steps show on every machine: on a 2-vCPU Xeon VM it came out at
+   82-118 us per forward task and 58-116 us per backward one, where the zoo's models, stepped
+   single-device on both ranks at once, spent 22-36 and 16-42 us between their spans, and their
+   data-parallel rows' overhead part was simulated 2-3 ms too high in every kept run
+   (docs/simulation.md, "Twenty-third round").  So `autopar profile` also steps the model being
+   planned, whole on each rank at once, and stores its work between the spans per task
+   (`planner.cost.ProfileCache.put_overheads`); the simulator charges that for this model, plus
+   the chains' work inside the spans (`planner.sim.trainer_model.trainer_calibration`).  The
+   chains' figures remain for models never stepped, and on GPUs.
+
 4. **Exchange overhead** (``exchange_s``): two ranks step the same chains under a plan that puts
    op i on rank i mod 2, so every op exchanges its input forward and its gradient backward, with
    `exchange_many` wrapped by a timer inside the ranks.  ``exchange_s`` is the time the runtime
@@ -584,6 +595,59 @@ def _overhead_rank(rank: int, world: int, cfg: Settings, device_kind: str = "cpu
                 row[f"{tag}bwd_phase"] = statistics.median(p["bwd"] for p in phases)
             rows.append(row)
     return {"chains": rows}
+
+
+#: Untimed and timed steps of `model_overheads` (full, quick).
+MODEL_STEPS = {False: (3, 12), True: (2, 4)}
+
+
+def _model_overhead_rank(rank: int, world: int, model: str, options: dict[str, Any], quick: bool) -> dict[str, Any]:
+    """One rank: `model` whole on this rank (every op on device `rank`, so no rank waits for
+    another), stepped by the trainer's own `Trainer`; per timed step, the wall time of the
+    runtime's forward and backward passes less their spans (`_timed_passes`)."""
+    from autopar.planner.ir import ParallelConfig, Strategy, import_spec
+    from autopar.planner.sim import requires_grad
+    from autopar.planner.zoo import load_model
+
+    from .comm import ProcessGroups
+    from .optim import OptimizerConfig
+    from .session import Trainer
+    from .train import Job, TrainConfig
+    spec = load_model(model, **options)
+    graph = import_spec(spec)
+    strategy = Strategy.from_mapping(graph, {op.name: ParallelConfig((1,) * len(op.pardims), (rank,))
+                                             for op in graph.ops}, "whole on each rank")
+    cfg = TrainConfig(model=spec.name, optimizer=OptimizerConfig("sgd", lr=0.01, momentum=0.9), log=False)
+    tr = Trainer(Job(cfg, spec, graph, strategy), rank, world, ProcessGroups(), torch.device("cpu"))
+    last = _timed_passes(tr.runtime)
+    untimed, timed = MODEL_STEPS[quick]
+    fwd, bwd = [], []
+    for s in range(untimed + timed):
+        tr.train_step(s)
+        if s >= untimed:
+            ph = tr.runtime.phases
+            fwd.append(max(0.0, last[0] - ph["fwd"] - ph["exchange"]))
+            bwd.append(max(0.0, last[1] - ph["bwd"] - ph["grad exchange"]))
+    return {"fingerprint": graph.fingerprint, "fwd_tasks": len(graph.ops), "bwd_tasks": sum(requires_grad(graph)),
+            "fwd_between_s": statistics.median(fwd), "bwd_between_s": statistics.median(bwd), "steps": timed}
+
+
+def model_overheads(model: str, options: Mapping[str, Any] | None, world: int, *,
+                    quick: bool = False) -> dict[str, Any]:
+    """The runtime's own work per forward and per backward task between its spans, in `model`'s
+    own steps (module docstring, 3.): `world` local gloo ranks, one thread each, each stepping
+    the whole model at once, as busy as a data-parallel step keeps them; per rank the median
+    over the timed steps (`MODEL_STEPS`) divided by the tasks the simulator counts, then the
+    median over the ranks.  `model` and `options` as `autopar profile` takes them (each rank
+    imports the model itself).  About as long as 15 single-device steps."""
+    if world < 1:
+        raise ValueError(f"model_overheads needs at least one rank, got world={world}")
+    per_rank = run_local(_model_overhead_rank, world, (model, dict(options or {}), quick))
+    fwd = statistics.median(r["fwd_between_s"] / max(1, r["fwd_tasks"]) for r in per_rank)
+    bwd = statistics.median(r["bwd_between_s"] / max(1, r["bwd_tasks"]) for r in per_rank)
+    return {"fingerprint": per_rank[0]["fingerprint"], "fwd_task_s": fwd, "bwd_task_s": bwd,
+            "steps": per_rank[0]["steps"], "fwd_tasks": per_rank[0]["fwd_tasks"],
+            "bwd_tasks": per_rank[0]["bwd_tasks"], "ranks": world}
 
 
 def _optimizer_rank(rank: int, world: int, cfg: Settings, kind: str = "cpu") -> dict[str, Any]:

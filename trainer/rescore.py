@@ -90,8 +90,7 @@ def _row_costs(folder: Path, doc: dict[str, Any], cache: Any, model: str) -> Any
         costs = ProfileCache.load(path, keep_stale=True)
     except CostModelError as e:
         raise KeptRunError(f"{folder}: {path.name} cannot be read by this autopar ({e}); keep a new run") from e
-    for c in cache.calibrations():
-        costs.put_calibration(c)
+    costs.put_runtime_of(cache)
     return costs
 
 

@@ -25,6 +25,12 @@ On a GPU an entry also has ``"host": [forward, backward]``: the seconds the host
 the task's kernels, beside the kernels' own time on the device (the two run side by side, see
 `planner.sim.trainer_model`).  CPU entries have none: there the host runs the kernels itself.
 
+Beside the op times, ``"overheads"`` holds the runtime's own work per task measured in a model's
+own steps (`trainer.calibrate.model_overheads`), by ``"<calibration key>|<graph fingerprint>"``:
+``{"forward": s, "backward": s, "steps": n}``, seconds per forward and per backward task between
+the runtime's spans.  The simulator charges them for that model in place of the calibration's
+chains (`planner.sim.trainer_model.trainer_calibration`); older files have none.
+
 The default location is ``$AUTOPAR_CACHE_DIR/profile.json`` or
 ``~/.cache/autopar/profile.json``.  Saving writes a temporary file next to the target and renames
 it over the target (``os.replace``), so a reader never sees a half-written cache.  Two profile
@@ -190,6 +196,13 @@ class _Entry(BaseModel):
     host: tuple[float, float] | None = None     # GPUs: the host's seconds issuing the kernels
 
 
+class _Overheads(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    forward: float = Field(ge=0, allow_inf_nan=False)
+    backward: float = Field(ge=0, allow_inf_nan=False)
+    steps: int = Field(default=0, ge=0)
+
+
 class _CacheFile(BaseModel):
     model_config = ConfigDict(extra="ignore")
     version: int
@@ -199,6 +212,12 @@ class _CacheFile(BaseModel):
     calibrations: dict[str, dict[str, Any]] = {}
     # `MEASUREMENT_METHOD` of the numbers; files from before it existed are method 1.
     method: int = 1
+    # The runtime's work per task in a model's own steps, by "<calibration key>|<graph fingerprint>".
+    overheads: dict[str, _Overheads] = {}
+
+
+def _overheads_key(calibration_key: str, fingerprint: str) -> str:
+    return f"{calibration_key}|fp={fingerprint}"
 
 
 def _stale_calibration(doc: Any) -> bool:
@@ -222,6 +241,7 @@ class ProfileCache:
         self._entries: dict[str, tuple[float, float]] = {}
         self._host: dict[str, tuple[float, float]] = {}
         self._calibrations: dict[str, Any] = {}
+        self._overheads: dict[str, tuple[float, float, int]] = {}
         self.path = Path(path) if path is not None else None
         #: set by `load` when it dropped measurements taken the old way: one line for people
         self.notice: str | None = None
@@ -266,6 +286,9 @@ class ProfileCache:
             for k, v in doc.entries.items():
                 if v.host is not None:
                     cache.put(k, v.forward, v.backward, host=v.host)
+            for k, o in doc.overheads.items():
+                if k.split("|fp=", 1)[0] not in stale:      # measured with a calibration measured again
+                    cache._overheads[k] = (o.forward, o.backward, o.steps)
         except CostModelError as e:
             raise CostModelError(f"profile cache {p}: {e}") from e
         if stale:
@@ -283,6 +306,9 @@ class ProfileCache:
                         for k, (f, b) in sorted(self._entries.items())},
             "calibrations": {k: c.to_json() for k, c in sorted(self._calibrations.items())},
         }
+        if self._overheads:
+            doc["overheads"] = {k: {"forward": f, "backward": b, "steps": n}
+                                for k, (f, b, n) in sorted(self._overheads.items())}
         def dump(fh) -> None:
             json.dump(doc, fh, indent=1)
             fh.write("\n")
@@ -320,6 +346,27 @@ class ProfileCache:
 
     def calibrations(self) -> list[RuntimeCalibration]:
         return [self._calibrations[k] for k in sorted(self._calibrations)]
+
+    def put_runtime_of(self, other: "ProfileCache") -> None:
+        """Take `other`'s runtime calibrations and models' overheads (`overheads`), for a cache of
+        op times measured apart from them (another moment's profile of the same machine)."""
+        for c in other.calibrations():
+            self.put_calibration(c)
+        self._overheads.update(other._overheads)
+
+    def overheads(self, calibration: RuntimeCalibration, fingerprint: str) -> tuple[float, float, int] | None:
+        """(seconds per forward task, per backward task, steps timed) of the runtime's own work
+        between its spans in the steps of the model whose graph has `fingerprint`, on the ranks
+        `calibration` describes (`trainer.calibrate.model_overheads`), if measured."""
+        return self._overheads.get(_overheads_key(calibration.key, fingerprint))
+
+    def put_overheads(self, calibration: RuntimeCalibration, fingerprint: str, forward: float, backward: float,
+                      steps: int) -> None:
+        if not all(math.isfinite(t) and t >= 0 for t in (forward, backward)) or steps < 1:
+            raise CostModelError(f"runtime overheads of {fingerprint}: seconds per task must be finite and "
+                                 f"non-negative over at least one step, got forward {forward} s, backward "
+                                 f"{backward} s, {steps} steps")
+        self._overheads[_overheads_key(calibration.key, fingerprint)] = (float(forward), float(backward), int(steps))
 
     def __contains__(self, key: object) -> bool:
         return key in self._entries

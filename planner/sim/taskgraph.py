@@ -110,7 +110,7 @@ class TaskGraphBuilder:
         self._box_lists: dict = {}  # interned tuples of parameter boxes (`_holdings`)
         # Whole task groups per configuration (`planner.sim._plans`).
         self._plans = PlanMemo()
-        self.runtime = trainer_model.trainer_calibration(topology, cost) if runtime == "auto" else runtime
+        self.runtime = trainer_model.trainer_calibration(topology, cost, graph) if runtime == "auto" else runtime
         self.bucket_bytes = bucket_bytes
         if self.runtime is not None:
             self._requires_grad = trainer_model.requires_grad(graph)

@@ -31,7 +31,9 @@ What the trainer does, and how it is modelled:
   ranks post a step's receives ahead, `trainer.comm.RecvAhead`), on the receiver's core before
   its first op.
 * **Overheads.**  Each forward and backward task costs the calibrated per-task overhead on top
-  of its kernel time (`planner.cost.calibration`).  The runtime runs a backward pass as few
+  of its kernel time (`planner.cost.calibration`): on CPU ranks, the runtime's own work between
+  its spans as the model's own steps showed it, where `autopar profile` timed them
+  (`trainer_calibration`), else as the calibration's chains of tiny ops did.  The runtime runs a backward pass as few
   ``autograd.backward`` calls as it can: an op whose output goes, on one rank and one to one, to
   its only consumer is fused into the consumer's call (`fused`); every other op runs its own call
   per task, and each pays the engine's start-up (``bwd_call_s``) on its device's program before
@@ -58,6 +60,8 @@ on every parameter's holdings).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..cost.calibration import (FORWARD_RECEIVE, FORWARD_SEND, GRADIENT_RECEIVE, GRADIENT_SEND, RuntimeCalibration,
                                 default_calibration)
 from ..ir.graph import OperatorGraph
@@ -75,7 +79,7 @@ _STREAM_BASE = _VIRTUAL_RESOURCE_BASE + (3 << 36)
 _FLOAT = ("float64", "float32", "float16", "bfloat16")
 
 
-def trainer_calibration(topology, cost) -> RuntimeCalibration | None:
+def trainer_calibration(topology, cost, graph: OperatorGraph | None = None) -> RuntimeCalibration | None:
     """The runtime calibration to simulate `topology` with the trainer's model, or None for
     FlexFlow's.
 
@@ -84,7 +88,14 @@ def trainer_calibration(topology, cost) -> RuntimeCalibration | None:
     cache or else the defaults; and any topology of one device product for which `autopar profile`
     measured a calibration of that world size (``nccl`` on GPUs, the same measurements through
     the same code).  GPU presets nothing was measured on keep FlexFlow's idealized runtime, which
-    the paper's figures assume."""
+    the paper's figures assume.
+
+    Where the cache also holds the runtime's work per task in `graph`'s own steps on CPU ranks
+    (`planner.cost.ProfileCache.overheads`, from `trainer.calibrate.model_overheads`), the
+    per-task overheads are those, plus the chains' work inside the spans beyond the kernels
+    (``details["fwd_task_phase_only_s"]``, which the measured steps time as compute): the chains'
+    bookkeeping, timed with every span evicting the caches, came out at 2-3x the models' own on
+    the Xeon VM (docs/simulation.md, "Twenty-third round")."""
     devices = topology.devices
     if not devices or len({d.product for d in devices}) != 1:
         return None
@@ -93,6 +104,11 @@ def trainer_calibration(topology, cost) -> RuntimeCalibration | None:
     cache = getattr(cost, "cache", None)
     measured = cache.calibration(product, "gloo" if cpu else "nccl", world) if cache is not None else None
     if measured is not None:
+        own = cache.overheads(measured, graph.fingerprint) if graph is not None and cpu else None
+        if own is not None:
+            inside = dict(measured.details)
+            measured = replace(measured, fwd_task_s=own[0] + float(inside.get("fwd_task_phase_only_s", 0.0)),
+                               bwd_task_s=own[1] + float(inside.get("bwd_task_phase_only_s", 0.0)))
         return measured
     if cpu and len(topology.nodes) == 1:
         return default_calibration(product, "gloo", world)

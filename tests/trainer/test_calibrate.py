@@ -358,3 +358,39 @@ def test_summary_line_says_what_one_rank_could_not_measure():
     assert line.startswith("p2p and all-reduce not measured (one rank: no peer); overheads fwd ")
     assert "exchange not measured" in line and " us at 1 MiB" not in line
     assert summary(one)["not_measured"] == ["p2p", "allreduce", "exchange_s"]
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+def test_a_models_own_steps_give_its_runtime_work_per_task_and_the_cache_keeps_it(tmp_path, monkeypatch):
+    """`model_overheads` steps the model whole on both ranks and divides the work between the
+    runtime's spans by the tasks the simulator counts; `ensure_model_overheads` stores it under
+    the cache's calibration and the graph's fingerprint, keeps it on the next call, measures it
+    again when asked, and skips a cache with no calibration to go with."""
+    import dataclasses
+
+    from autopar.job.pipeline import ensure_model_overheads
+    from autopar.planner.cost import default_calibration
+    from autopar.planner.ir import import_spec
+    from autopar.planner.sim import requires_grad
+    from autopar.planner.zoo import load_model
+    from autopar.trainer import calibrate as calib
+    options = {"batch": 4}
+    graph = import_spec(load_model("lenet", **options))
+    got = calib.model_overheads("lenet", options, 2, quick=True)
+    assert got["fingerprint"] == graph.fingerprint and got["ranks"] == 2
+    assert got["fwd_tasks"] == len(graph.ops) and got["bwd_tasks"] == sum(requires_grad(graph)) > 0
+    assert 0 < got["fwd_task_s"] < 5e-3 and 0 <= got["bwd_task_s"] < 5e-3 and got["steps"] == calib.MODEL_STEPS[True][1]
+
+    cache = ProfileCache.load(tmp_path / "profile.json")
+    assert ensure_model_overheads(cache, "lenet", options, 2)["status"] == "skipped"
+    cal = dataclasses.replace(default_calibration("CPU-core", "gloo", 2), source="measured")
+    cache.put_calibration(cal)
+    calls = []
+    monkeypatch.setattr(calib, "model_overheads", lambda *a, **k: calls.append(a) or {**got, "fwd_task_s": 7e-5})
+    first = ensure_model_overheads(cache, "lenet", options, 2)
+    assert first["status"] == "measured" and first["fwd_task_us"] == 70.0 and len(calls) == 1
+    assert ProfileCache.load(tmp_path / "profile.json").overheads(cal, graph.fingerprint)[0] == 7e-5   # saved
+    assert ensure_model_overheads(cache, "lenet", options, 2)["status"] == "kept" and len(calls) == 1
+    assert ensure_model_overheads(cache, "lenet", options, 2, remeasure=True)["status"] == "measured"
+    assert len(calls) == 2

@@ -280,3 +280,53 @@ def test_a_calibration_measured_by_an_older_method_is_dropped_but_the_op_times_s
     assert kept is not None and kept.bwd_call_s == current["bwd_call_s"] > 0
     assert cache.calibration("CPU-core", "gloo", 4) is not None
     assert "CPU-core|gloo|3" in cache.notice and "|2" not in cache.notice and "|4" not in cache.notice
+
+
+# -- the runtime's work per task in a model's own steps ------------------------------------------
+
+def _measured(world=2, method=None):
+    from autopar.planner.cost import default_calibration
+    cal = dataclasses.replace(default_calibration("CPU-core", "gloo", world), source="measured")
+    return cal if method is None else dataclasses.replace(cal, method=method)
+
+
+def test_a_models_overheads_are_kept_by_calibration_and_graph_and_saved(tmp_path):
+    cache = ProfileCache()
+    two, one = _measured(2), _measured(1)
+    cache.put_calibration(two)
+    cache.put_calibration(one)
+    cache.put_overheads(two, "sha256:aa", 30e-6, 40e-6, 12)
+    assert cache.overheads(two, "sha256:aa") == (30e-6, 40e-6, 12)
+    assert cache.overheads(two, "sha256:bb") is None and cache.overheads(one, "sha256:aa") is None
+    back = ProfileCache.load(cache.save(tmp_path / "profile.json"))
+    assert back.overheads(two, "sha256:aa") == (30e-6, 40e-6, 12)
+    other = ProfileCache()
+    other.put_runtime_of(back)
+    assert other.overheads(two, "sha256:aa") == (30e-6, 40e-6, 12) and len(other.calibrations()) == 2
+
+
+@pytest.mark.parametrize("fwd, bwd, steps", [(-1e-6, 1e-6, 3), (1e-6, float("nan"), 3), (1e-6, 1e-6, 0)])
+def test_put_overheads_rejects_what_is_not_a_measurement(fwd, bwd, steps):
+    with pytest.raises(CostModelError, match="seconds per task must be finite and non-negative"):
+        ProfileCache().put_overheads(_measured(), "sha256:aa", fwd, bwd, steps)
+
+
+def test_a_models_overheads_go_with_a_calibration_measured_again(tmp_path):
+    """Overheads stored beside a calibration that is dropped as measured the old way go too (they
+    are measured again with it); a file with a negative overhead names the field."""
+    from autopar.planner.cost.profile_cache import MEASUREMENT_METHOD
+    old = {**_measured().to_json(), "method": 1}
+    current = _measured(1).to_json()
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps({"version": 1, "method": MEASUREMENT_METHOD, "entries": {},
+                                "calibrations": {"CPU-core|gloo|2": old, "CPU-core|gloo|1": current},
+                                "overheads": {"CPU-core|gloo|2|fp=sha256:aa": {"forward": 1e-5, "backward": 2e-5},
+                                              "CPU-core|gloo|1|fp=sha256:aa": {"forward": 3e-5, "backward": 4e-5,
+                                                                               "steps": 4}}}))
+    cache = ProfileCache.load(path)
+    assert cache.overheads(_measured(2), "sha256:aa") is None
+    assert cache.overheads(_measured(1), "sha256:aa") == (3e-5, 4e-5, 4)
+    path.write_text(json.dumps({"version": 1, "entries": {},
+                                "overheads": {"k|fp=x": {"forward": -1.0, "backward": 2e-5}}}))
+    with pytest.raises(CostModelError, match=r"corrupt \(overheads.*forward"):
+        ProfileCache.load(path)

@@ -527,3 +527,30 @@ def test_each_rank_issues_a_buckets_all_reduce_on_its_program_before_it_starts()
     none = simulate_strategy(TaskGraphBuilder(g, topo, CostModel().bind(g), runtime=replace(cal, issue=None)),
                              data_parallel(g, 2))[0]
     assert res.step_time > none.step_time
+
+
+def test_a_models_own_overheads_replace_the_chains_for_that_model_only():
+    """Where `autopar profile` timed the runtime's work between its spans in a model's own steps,
+    the simulator charges that per task, plus the chains' work inside the spans; other models
+    keep the chains' figures."""
+    from dataclasses import replace
+
+    from autopar.planner.cost import ProfileCache
+    cal = replace(default_calibration("CPU-core", "gloo", 2), source="measured", fwd_task_s=100e-6, bwd_task_s=70e-6,
+                  details=(("bwd_task_phase_only_s", 1e-6), ("fwd_task_phase_only_s", 12e-6)))
+    cache = ProfileCache()
+    cache.put_calibration(cal)
+    g, other = mlp(), diamond()
+    cache.put_overheads(cal, g.fingerprint, 30e-6, 35e-6, 12)
+    topo = get_preset("local:2")
+    own = TaskGraphBuilder(g, topo, CostModel(cache).bind(g)).runtime
+    assert own.fwd_task_s == pytest.approx(42e-6) and own.bwd_task_s == pytest.approx(36e-6)
+    assert own.bwd_call_s == cal.bwd_call_s and own.p2p == cal.p2p
+    assert TaskGraphBuilder(other, topo, CostModel(cache).bind(other)).runtime == cal
+    step = {}
+    for name, c in (("own", cache), ("chains", ProfileCache())):
+        if name == "chains":
+            c.put_calibration(cal)
+        b = TaskGraphBuilder(g, topo, CostModel(c).bind(g))
+        step[name] = simulate(b.build(data_parallel(g, 2))).makespan
+    assert step["own"] < step["chains"]
