@@ -78,9 +78,9 @@ is: run it when nothing else competes for the cores.  `calibrate(world)` measure
    one here, against 31 and 20 us with the data evicted alone.
    **In the model's own steps** (`model_overheads`, CPU ranks).  The cold chains' bookkeeping is
    not what a real model's steps show on every machine: on a 2-vCPU Xeon VM it came out at
-   82-118 us per forward task and 58-116 us per backward one, where the zoo's models, stepped
-   single-device on both ranks at once, spent 22-36 and 16-42 us between their spans, and their
-   data-parallel rows' overhead part was simulated 2-3 ms too high in every kept run
+   61-118 us per forward task and 39-116 us per backward one in twelve calibrations, where the
+   zoo's models, each whole on both ranks at once, spent 22-36 and 16-42 us between their spans;
+   and every kept run's data-parallel rows had their overhead part simulated too high
    (docs/simulation.md, "Twenty-third round").  So `autopar profile` also steps the model being
    planned, whole on each rank at once, and stores its work between the spans per task
    (`planner.cost.ProfileCache.put_overheads`); the simulator charges that for this model, plus
