@@ -82,11 +82,11 @@ def _calibration(args, cache, workers: int, device: str = "cpu") -> dict:
 
 def _overheads(args, cache, workers: int, device: str) -> dict:
     """The runtime's own work per op in the model's own steps on ``local:<workers>``
-    (`autopar.job.pipeline.ensure_model_overheads`), on CPU ranks unless --no-calibrate."""
+    (`autopar.trainer.calibrate.ensure_model_overheads`), on CPU ranks unless --no-calibrate."""
     if getattr(args, "no_calibrate", False) or device != "cpu":
         why = "--no-calibrate" if device == "cpu" else "on GPUs the calibration's own figures are used"
         return {"status": "skipped", "line": f"not measured ({why})"}
-    from autopar.job.pipeline import ensure_model_overheads
+    from autopar.trainer.calibrate import ensure_model_overheads
     from autopar.planner.zoo import parse_options
 
     def progress(message: str) -> None:

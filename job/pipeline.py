@@ -12,7 +12,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable
 
 from autopar.planner.errors import AutoparError
 from autopar.planner.hardware import DeviceTopology
@@ -174,6 +174,7 @@ def profile(prepared: Prepared, cache, *, recalibrate: bool = False, repeats: in
                            cache=cache, repeats=repeats, warmup=warmup, device=torch.device("cpu"),
                            progress=(lambda _m, i, n, op: on_task(i, n, op)) if on_task else None)
     calibration = ensure_calibration(cache, prepared.world, recalibrate=recalibrate, progress=on_message)
+    from autopar.trainer.calibrate import ensure_model_overheads
     overheads = ensure_model_overheads(cache, prepared.job.spec.model.name, prepared.options, prepared.world,
                                        remeasure=recalibrate, progress=on_message,
                                        fingerprint=prepared.graph.fingerprint)
@@ -201,45 +202,6 @@ def ensure_calibration(cache, workers: int, *, recalibrate: bool = False,
     cache.save()
     return {"status": "measured", "line": summary_line(cal), **summary(cal),
             "seconds": round(time.perf_counter() - t0, 1)}
-
-
-def ensure_model_overheads(cache, model: str, options: Mapping[str, Any] | None, workers: int, *,
-                           remeasure: bool = False, progress: Callable[[str], None] | None = None,
-                           quick: bool = False, fingerprint: str | None = None) -> dict[str, Any]:
-    """The runtime's own work per task in `model`'s own steps on `workers` local CPU ranks
-    (`trainer.calibrate.model_overheads`, a few seconds), which the simulator charges for this
-    model in place of the calibration's chains: kept when the cache has it for the cache's
-    calibration of ``local:<workers>``, measured and saved otherwise, or with `remeasure`.
-    Skipped (the chains' figures stay) where the cache has no such calibration.  Stored under
-    `fingerprint` (default: the graph of `model` built with `options`), e.g. the graph a job
-    plans in another dtype: the runtime's work per op does not depend on it, and the steps
-    timed are float32."""
-    from autopar.planner.ir import import_spec
-    from autopar.planner.zoo import load_model
-    from autopar.trainer.calibrate import calibration_target, model_overheads
-
-    product, backend = calibration_target(workers, "cpu")
-    cal = cache.calibration(product, backend, workers)
-    if cal is None:
-        return {"status": "skipped", "line": f"no runtime calibration of local:{workers} to go with"}
-    fingerprint = fingerprint or import_spec(load_model(model, **dict(options or {}))).fingerprint
-    have = cache.overheads(cal, fingerprint)
-    if have is not None and not remeasure:
-        return {"status": "kept", "line": _overheads_line(model, have[0], have[1]),
-                "fwd_task_us": round(have[0] * 1e6, 1), "bwd_task_us": round(have[1] * 1e6, 1)}
-    if progress is not None:
-        progress(f"the runtime's own work per op in {model}'s steps")
-    t0 = time.perf_counter()
-    res = model_overheads(model, options, workers, quick=quick)
-    cache.put_overheads(cal, fingerprint, res["fwd_task_s"], res["bwd_task_s"], res["steps"])
-    cache.save()
-    return {"status": "measured", "line": _overheads_line(model, res["fwd_task_s"], res["bwd_task_s"]),
-            "fwd_task_us": round(res["fwd_task_s"] * 1e6, 1), "bwd_task_us": round(res["bwd_task_s"] * 1e6, 1),
-            "seconds": round(time.perf_counter() - t0, 1)}
-
-
-def _overheads_line(model: str, fwd: float, bwd: float) -> str:
-    return f"{model}'s steps: {fwd * 1e6:.0f} us per forward task and {bwd * 1e6:.0f} us per backward one between spans"
 
 
 # -- plan ----------------------------------------------------------------------------------------

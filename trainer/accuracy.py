@@ -640,13 +640,14 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
     (``quick_calibration`` takes the quick one, for tests).  `keep`: a new folder to keep the run
     in, for `trainer.rescore` to simulate its rows again with later code: its profile cache with
     the calibration, the diagnosis's profiles and the benchmark's JSON (`keep_folder`)."""
-    from autopar.job.pipeline import ensure_model_overheads
     from autopar.planner.cost import CostModel, ProfileCache, profile_local
     from autopar.planner.cost import profile_items, store_lockstep_passes
     from autopar.planner.hardware import get_preset
     from autopar.planner.ir import import_spec
     from autopar.planner.sim import TaskGraphBuilder
     from autopar.planner.zoo import load_model
+
+    from .calibrate import ensure_model_overheads
 
     def log(msg: str) -> None:
         if progress:

@@ -133,9 +133,7 @@ def _measured_cost(model: str, options: dict, graph, repeats: int):
     benchmark has no side effects."""
     from autopar.planner.cost import CostModel, ProfileCache, profile_local
 
-    from autopar.job.pipeline import ensure_model_overheads
-
-    from .calibrate import calibrate
+    from .calibrate import calibrate, ensure_model_overheads
     with tempfile.TemporaryDirectory(prefix="autopar-bench-") as d:
         cache = ProfileCache.load(Path(d) / "profile.json")
         report = profile_local([model], workers=2, options=options, cache=cache, repeats=repeats, warmup=5)

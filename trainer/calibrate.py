@@ -76,6 +76,7 @@ is: run it when nothing else competes for the cores.  `calibrate(world)` measure
    `CALIBRATION_METHOD` 4 the eviction also runs other ops' code first (the profiler's
    `_Interloper`), as a step's other ops do: 55-58 us per forward task and 42-43 us per backward
    one here, against 31 and 20 us with the data evicted alone.
+
    **In the model's own steps** (`model_overheads`, CPU ranks).  The cold chains' bookkeeping is
    not what a real model's steps show on every machine: on a 2-vCPU Xeon VM it came out at
    61-118 us per forward task and 39-116 us per backward one in twelve calibrations, where the
@@ -648,6 +649,50 @@ def model_overheads(model: str, options: Mapping[str, Any] | None, world: int, *
     return {"fingerprint": per_rank[0]["fingerprint"], "fwd_task_s": fwd, "bwd_task_s": bwd,
             "steps": per_rank[0]["steps"], "fwd_tasks": per_rank[0]["fwd_tasks"],
             "bwd_tasks": per_rank[0]["bwd_tasks"], "ranks": world}
+
+
+def ensure_model_overheads(cache, model: str, options: Mapping[str, Any] | None, workers: int, *,
+                           remeasure: bool = False, progress: Callable[[str], None] | None = None,
+                           quick: bool = False, fingerprint: str | None = None) -> dict[str, Any]:
+    """The runtime's own work per task in `model`'s own steps on `workers` local CPU ranks
+    (`model_overheads`, a few seconds), which the simulator charges for this model in place of
+    the calibration's chains: kept when the cache has it for the cache's calibration of
+    ``local:<workers>``, measured and saved otherwise, or with `remeasure` (what `autopar
+    profile` and `autopar run` do after `autopar.job.pipeline.ensure_calibration`).  Skipped (the
+    chains' figures stay) where the cache has no such calibration, and ``failed``, with the
+    error, where the ranks could not step the model whole; the profile is kept either way.
+    Stored under `fingerprint` (default: the graph of `model` built with `options`), e.g. the
+    graph a job plans in another dtype: the runtime's work per op does not depend on it, and the
+    steps timed are float32."""
+    from autopar.planner.errors import AutoparError
+    from autopar.planner.ir import import_spec
+    from autopar.planner.zoo import load_model
+
+    product, backend = calibration_target(workers, "cpu")
+    cal = cache.calibration(product, backend, workers)
+    if cal is None:
+        return {"status": "skipped", "line": f"no runtime calibration of local:{workers} to go with"}
+    fingerprint = fingerprint or import_spec(load_model(model, **dict(options or {}))).fingerprint
+    have = cache.overheads(cal, fingerprint)
+    if have is not None and not remeasure:
+        return {"status": "kept", "line": _overheads_line(model, have[0], have[1]),
+                "fwd_task_us": round(have[0] * 1e6, 1), "bwd_task_us": round(have[1] * 1e6, 1)}
+    if progress is not None:
+        progress(f"the runtime's own work per op in {model}'s steps")
+    t0 = time.perf_counter()
+    try:
+        res = model_overheads(model, options, workers, quick=quick)
+    except AutoparError as e:       # a rank that cannot step the model whole: the chains' figures serve
+        return {"status": "failed", "line": f"not measured ({e}); the calibration's per-op figures are used"}
+    cache.put_overheads(cal, fingerprint, res["fwd_task_s"], res["bwd_task_s"], res["steps"])
+    cache.save()
+    return {"status": "measured", "line": _overheads_line(model, res["fwd_task_s"], res["bwd_task_s"]),
+            "fwd_task_us": round(res["fwd_task_s"] * 1e6, 1), "bwd_task_us": round(res["bwd_task_s"] * 1e6, 1),
+            "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def _overheads_line(model: str, fwd: float, bwd: float) -> str:
+    return f"{model}'s steps: {fwd * 1e6:.0f} us per forward task and {bwd * 1e6:.0f} us per backward one between spans"
 
 
 def _optimizer_rank(rank: int, world: int, cfg: Settings, kind: str = "cpu") -> dict[str, Any]:

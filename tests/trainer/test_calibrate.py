@@ -369,12 +369,13 @@ def test_a_models_own_steps_give_its_runtime_work_per_task_and_the_cache_keeps_i
     again when asked, and skips a cache with no calibration to go with."""
     import dataclasses
 
-    from autopar.job.pipeline import ensure_model_overheads
     from autopar.planner.cost import default_calibration
     from autopar.planner.ir import import_spec
     from autopar.planner.sim import requires_grad
     from autopar.planner.zoo import load_model
     from autopar.trainer import calibrate as calib
+    from autopar.trainer.calibrate import ensure_model_overheads
+    from autopar.trainer.errors import RankFailedError
     options = {"batch": 4}
     graph = import_spec(load_model("lenet", **options))
     got = calib.model_overheads("lenet", options, 2, quick=True)
@@ -394,3 +395,11 @@ def test_a_models_own_steps_give_its_runtime_work_per_task_and_the_cache_keeps_i
     assert ensure_model_overheads(cache, "lenet", options, 2)["status"] == "kept" and len(calls) == 1
     assert ensure_model_overheads(cache, "lenet", options, 2, remeasure=True)["status"] == "measured"
     assert len(calls) == 2
+
+    def fails(*a, **k):
+        raise RankFailedError(1, "rank 1 exited with code 1")
+    monkeypatch.setattr(calib, "model_overheads", fails)
+    failed = ensure_model_overheads(cache, "lenet", options, 2, remeasure=True)
+    assert failed["status"] == "failed" and "rank 1 exited" in failed["line"]
+    assert "per-op figures are used" in failed["line"]
+    assert cache.overheads(cal, graph.fingerprint)[0] == 7e-5          # what was measured before stays
