@@ -606,7 +606,7 @@ def _model_overhead_rank(rank: int, world: int, model: str, options: dict[str, A
     """One rank: `model` whole on this rank (every op on device `rank`, so no rank waits for
     another), stepped by the trainer's own `Trainer`; per timed step, the wall time of the
     runtime's forward and backward passes less their spans (`_timed_passes`)."""
-    from autopar.planner.ir import ParallelConfig, Strategy, import_spec
+    from autopar.planner.ir import import_spec, single_device
     from autopar.planner.sim import requires_grad
     from autopar.planner.zoo import load_model
 
@@ -616,8 +616,7 @@ def _model_overhead_rank(rank: int, world: int, model: str, options: dict[str, A
     from .train import Job, TrainConfig
     spec = load_model(model, **options)
     graph = import_spec(spec)
-    strategy = Strategy.from_mapping(graph, {op.name: ParallelConfig((1,) * len(op.pardims), (rank,))
-                                             for op in graph.ops}, "whole on each rank")
+    strategy = single_device(graph, rank)
     cfg = TrainConfig(model=spec.name, optimizer=OptimizerConfig("sgd", lr=0.01, momentum=0.9), log=False)
     tr = Trainer(Job(cfg, spec, graph, strategy), rank, world, ProcessGroups(), torch.device("cpu"))
     last = _timed_passes(tr.runtime)
