@@ -146,12 +146,15 @@ def rescore_run(folder: str | os.PathLike, log: Callable[[str], None] = lambda _
 
 
 def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """`trainer.accuracy.totals` of `rows`, with the root mean square error and the targets met."""
+    """`trainer.accuracy.totals` of `rows`, with the root mean square error, the targets met, and
+    the errors with each row at the level of its model's other rows (``at_model_level``,
+    `trainer.accuracy.model_levels`; pooled, a model of each run is a model of its own)."""
     t = totals(rows)
     keep = ("median_abs_error", "p90_abs_error", "max_abs_error", "mean_error", "kendall_tau", "kendall_pairs",
             "searched_vs_best_measured", "met")
+    levels = t["model_levels"]
     return {**{k: t[k] for k in keep}, "rms_error": math.sqrt(statistics.fmean(r["error"] ** 2 for r in rows)),
-            "targets_met": sum(t["met"].values())}
+            "targets_met": sum(t["met"].values()), "at_model_level": levels["held_out"] if levels else None}
 
 
 def rescore(folders: list[str | os.PathLike], progress: bool = True) -> dict[str, Any]:
@@ -183,14 +186,17 @@ def print_rescore(doc: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
     table = Table(title="kept accuracy runs, simulated again with this code (the measured steps are the runs' own)")
-    for col in ("run", "rows", "median |error|", "p90", "max", "mean", "rms", "tau (pairs)", "targets met"):
+    for col in ("run", "rows", "median |error|", "p90", "max", "mean", "rms", "tau (pairs)", "targets met",
+                "at each model's level: median, p90"):
         table.add_column(col, justify="left" if col == "run" else "right")
 
     def line(name: str, n: int, s: dict[str, Any]) -> list[str]:
         tau = "n/a" if s["kendall_tau"] is None else f"{s['kendall_tau']:.2f}"
+        level = s.get("at_model_level")
         return [name, str(n), _pct(s["median_abs_error"]), _pct(s["p90_abs_error"]), _pct(s["max_abs_error"]),
                 _pct(s["mean_error"], True), _pct(s["rms_error"]), f"{tau} ({s['kendall_pairs']})",
-                f"{s['targets_met']} of {len(s['met'])}"]
+                f"{s['targets_met']} of {len(s['met'])}",
+                "n/a" if level is None else f"{_pct(level['median_abs_error'])}, {_pct(level['p90_abs_error'])}"]
 
     for run in doc["runs"]:
         for when in ("recorded", "now"):

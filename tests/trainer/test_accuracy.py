@@ -319,6 +319,26 @@ def test_the_residual_factor_is_fitted_on_some_models_and_scored_on_the_others()
     assert residual(rows[:2]) is None
 
 
+def test_each_models_level_is_fitted_on_its_other_rows_and_scored_on_the_row():
+    from autopar.trainer.accuracy import model_levels
+    # Model a: every row simulated 20 % low, so its level prices each row from the others exactly.
+    # Model b: its rows off by 0 %, +10 % and -10 %.
+    rows = [{"model": m, "simulated_s": sim, "measured_s": meas, "error": sim / meas - 1.0}
+            for m, sim, meas in [("a", 1.0, 1.25), ("a", 2.0, 2.5), ("a", 3.0, 3.75),
+                                 ("b", 1.0, 1.0), ("b", 1.1, 1.0), ("b", 0.9, 1.0)]]
+    levels = model_levels(rows)
+    a, b = levels["per_model"]["a"], levels["per_model"]["b"]
+    assert a["factor"] == pytest.approx(1.25) and a["mean_error"] == pytest.approx(-0.2) and a["sd_error"] < 1e-12
+    assert b["factor"] == pytest.approx(1.0) and b["rows"] == 3 and b["sd_error"] == pytest.approx(0.0816, abs=1e-4)
+    # Held out, a's rows are exact; each of b's is priced at the median of measured / simulated over
+    # the other two (its own measurement never prices it): 1.0 at (1/1.1 + 1/0.9) / 2, 1.1 at
+    # (1 + 1/0.9) / 2, 0.9 at (1 + 1/1.1) / 2.
+    held = [0.0, 0.0, 0.0, (1 / 1.1 + 1 / 0.9) / 2 - 1, 1.1 * (1 + 1 / 0.9) / 2 - 1, 0.9 * (1 + 1 / 1.1) / 2 - 1]
+    assert levels["held_out"]["max_abs_error"] == pytest.approx(max(map(abs, held)))
+    assert levels["held_out"]["mean_error"] == pytest.approx(sum(held) / 6)
+    assert model_levels([rows[0], rows[3]]) is None        # one row per model: nothing to hold out
+
+
 def test_the_table_prints_every_row_the_totals_and_the_fits_held_out(capsys):
     from autopar.trainer.accuracy import diagnosis_totals, print_table
     rows = []
@@ -334,3 +354,5 @@ def test_the_table_prints_every_row_the_totals_and_the_fits_held_out(capsys):
     assert out.count("compute under by 1.0 ms") == len(rows) and "Kendall tau" in out
     assert "residual factor" in out and "one cache share for the machine" in out
     assert "fitted on a, b (not applied above): on c it would leave median |error|" in out
+    assert "each model's level, measured / simulated over its rows (not applied above): a " in out
+    assert "each row at the level of its model's other rows: median |error|" in out
