@@ -85,6 +85,12 @@ def test_the_summary_has_the_rms_error_and_counts_the_targets_met():
     s = _summary(rows)
     assert s["rms_error"] == pytest.approx(((0.1 ** 2 + 0.8 ** 2 + 0) / 3) ** 0.5)
     assert s["targets_met"] == sum(s["met"].values()) and s["met"]["searched_vs_best_measured"] is True
+    # Each row at the level of the other two: the searched row at the median of 1/1.1 and 2/2 is
+    # the furthest off, the data-parallel one at that of 0.5/0.9 and 2/2 the closest.
+    held = [1.1 * (0.5 / 0.9 + 1.0) / 2 - 1, 0.9 * (1 / 1.1 + 1.0) / 2 / 0.5 - 1, (1 / 1.1 + 0.5 / 0.9) / 2 - 1]
+    assert s["at_model_level"]["max_abs_error"] == pytest.approx(max(map(abs, held)))
+    assert s["at_model_level"]["median_abs_error"] == pytest.approx(sorted(map(abs, held))[1])
+    assert _summary(rows[:1])["at_model_level"] is None          # one row: no level to hold out
 
 
 def test_the_cli_refuses_keep_and_rescore_where_they_do_not_apply(tmp_path, capsys):
