@@ -674,8 +674,7 @@ def ensure_model_overheads(cache, model: str, options: Mapping[str, Any] | None,
     fingerprint = fingerprint or import_spec(load_model(model, **dict(options or {}))).fingerprint
     have = cache.overheads(cal, fingerprint)
     if have is not None and not remeasure:
-        return {"status": "kept", "line": _overheads_line(model, have[0], have[1]),
-                "fwd_task_us": round(have[0] * 1e6, 1), "bwd_task_us": round(have[1] * 1e6, 1)}
+        return _overheads_result("kept", model, have[0], have[1])
     if progress is not None:
         progress(f"the runtime's own work per op in {model}'s steps")
     t0 = time.perf_counter()
@@ -685,13 +684,15 @@ def ensure_model_overheads(cache, model: str, options: Mapping[str, Any] | None,
         return {"status": "failed", "line": f"not measured ({e}); the calibration's per-op figures are used"}
     cache.put_overheads(cal, fingerprint, res["fwd_task_s"], res["bwd_task_s"], res["steps"])
     cache.save()
-    return {"status": "measured", "line": _overheads_line(model, res["fwd_task_s"], res["bwd_task_s"]),
-            "fwd_task_us": round(res["fwd_task_s"] * 1e6, 1), "bwd_task_us": round(res["bwd_task_s"] * 1e6, 1),
+    return {**_overheads_result("measured", model, res["fwd_task_s"], res["bwd_task_s"]),
             "seconds": round(time.perf_counter() - t0, 1)}
 
 
-def _overheads_line(model: str, fwd: float, bwd: float) -> str:
-    return f"{model}'s steps: {fwd * 1e6:.0f} us per forward task and {bwd * 1e6:.0f} us per backward one between spans"
+def _overheads_result(status: str, model: str, fwd: float, bwd: float) -> dict[str, Any]:
+    """`ensure_model_overheads`' answer for seconds per forward and per backward task."""
+    return {"status": status, "fwd_task_us": round(fwd * 1e6, 1), "bwd_task_us": round(bwd * 1e6, 1),
+            "line": f"{model}'s steps: {fwd * 1e6:.0f} us per forward task and {bwd * 1e6:.0f} us per backward "
+                    "one between spans"}
 
 
 def _optimizer_rank(rank: int, world: int, cfg: Settings, kind: str = "cpu") -> dict[str, Any]:

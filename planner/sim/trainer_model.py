@@ -37,8 +37,8 @@ What the trainer does, and how it is modelled:
   a backward pass as few ``autograd.backward`` calls as it can: an op whose output goes, on one
   rank and one to one, to its only consumer is fused into the consumer's call (`fused`); every
   other op runs its own call per task, and each pays the engine's start-up (``bwd_call_s``) on
-  its device's program before the task.  On GPUs, whose kernels run behind the host that issues them, each task is a host
-  part and a device part on two streams (`op_plan`).
+  its device's program before the task.  On GPUs, whose kernels run behind the host that issues
+  them, each task is a host part and a device part on two streams (`op_plan`).
 * **Gradient synchronization** in buckets (`planner.sim.buckets`, the trainer's own plan): a
   bucket's all-reduce starts when every rank of its group has passed the bucket's op in the
   backward pass and issued it (the calibrated ``issue`` on each rank's program, `_issue`), and
