@@ -49,16 +49,19 @@ def busiest_device(per_device: Mapping[int, Mapping[str, float]]) -> int:
     return max(per_device, key=lambda d: per_device[d]["compute"] + per_device[d]["optimizer"])
 
 
-def simulate_parts(builder, strategy) -> tuple[float, dict[str, float] | None, int]:
+def simulate_parts(builder, strategy, barrier: bool = True) -> tuple[float, dict[str, float] | None, int]:
     """The simulated step of `strategy` (`builder`: a `planner.sim.TaskGraphBuilder`), its parts
     (`planner.sim.step_parts`) on its busiest device, and that device's simulated peak memory in
-    bytes.  Where the builder does not model the trainer (no runtime calibration, as for the
-    paper's GPU topologies) there are no parts: None, and the largest device's peak."""
+    bytes.  `barrier`: the measured steps each start at a barrier (`autopar bench accuracy`), so
+    a rank's parts end with its own step; without one (`autopar train`), a rank done early waits
+    for its peers in the next step's exchanges.  Where the builder does not model the trainer (no
+    runtime calibration, as for the paper's GPU topologies) there are no parts: None, and the
+    largest device's peak."""
     from autopar.planner.sim import simulate_strategy, step_parts
     res, tl, tg = simulate_strategy(builder, strategy)
     if builder.runtime is None:
         return res.step_time, None, max(res.peak_memory.values(), default=0)
-    per_device = step_parts(builder, tg, tl)
+    per_device = step_parts(builder, tg, tl, barrier)
     dev = busiest_device(per_device)
     return res.step_time, per_device[dev], res.peak_memory.get(dev, 0)
 

@@ -204,7 +204,7 @@ def predict(graph: OperatorGraph, topology, strategy: Strategy,
         path = Path(cfg.profile_cache) if cfg.profile_cache else default_cache_path()
         cost = CostModel(ProfileCache.load(path)).bind(graph)
         builder = TaskGraphBuilder(graph, topology, cost, cfg.optimizer.name)
-        seconds, parts, _ = simulate_parts(builder, strategy)
+        seconds, parts, _ = simulate_parts(builder, strategy, barrier=False)   # its steps run back to back
         return seconds, f"simulated on {topology.name}", parts
     except Exception as e:  # noqa: BLE001 - a prediction is informative; training does not need it
         return None, f"no prediction: {type(e).__name__}: {e}", None

@@ -606,7 +606,7 @@ def sync_plan(b, holdings: dict) -> tuple:
 STEP_PARTS = ("compute", "transfer", "synchronization", "optimizer", "overhead")
 
 
-def step_parts(b, tg, tl) -> dict[int, dict[str, float]]:
+def step_parts(b, tg, tl, barrier: bool = True) -> dict[int, dict[str, float]]:
     """Per device, the simulated step (task graph `tg`, timeline `tl` of builder `b`) in the parts
     the trainer's phases time a real one (`autopar.trainer.runtime.PHASES`):
 
@@ -622,8 +622,18 @@ def step_parts(b, tg, tl) -> dict[int, dict[str, float]]:
     * ``synchronization``: waiting for the buckets' all-reduces after the backward pass (the
       ``sync`` span);
     * ``optimizer``: the optimizer step;
-    * ``overhead``: the rest of the step (the per-task overhead, posting receives, zeroing the
-      gradient buckets).
+    * ``overhead``: the rest of the device's step (the per-task overhead, posting receives,
+      zeroing the gradient buckets).
+
+    A device's step ends with its optimizer step, which can be before the step's makespan: under
+    a plan that places layers, the rank holding the last ones is done while the first ones' backward
+    pass still runs.  Where each step starts at a barrier (`barrier`, as `autopar bench accuracy`
+    times them), that rank's step ends there, and so do its parts; their sum is its own step.
+    Without one (`autopar train`), it starts its next step and waits for its peers' inputs there,
+    in an exchange: the rest of the makespan is transfer, and every device's parts add up to the
+    step.  (Counting it as overhead put 5-7 ms of the peers' backward pass into the overhead of
+    rnnlm's expert rows, twice what their rank measured, in every kept run: docs/simulation.md,
+    "Twenty-fifth round".)
     """
     rt: RuntimeCalibration = b.runtime
     n = b.num_ops
@@ -665,5 +675,9 @@ def step_parts(b, tg, tl) -> dict[int, dict[str, float]]:
         elif len(key) == 4 and key[2] == 4:               # an op's own backward call (`engine_call`)
             out[res]["compute"] += info.duration
     for d, part in out.items():
-        part["overhead"] = max(0.0, tl.makespan - sum(part[p] for p in STEP_PARTS if p != "overhead"))
+        end = tl.end[optimizer_step(d)]
+        if not barrier:
+            part["transfer"] += tl.makespan - end
+            end = tl.makespan
+        part["overhead"] = max(0.0, end - sum(part[p] for p in STEP_PARTS if p != "overhead"))
     return out

@@ -12,6 +12,7 @@ from autopar.planner.cost.calibration import default_calibration
 from autopar.planner.hardware import get_preset
 from autopar.planner.ir import data_parallel, model_parallel, random_config, Strategy
 from autopar.planner.sim import TaskGraphBuilder, simulate, simulate_strategy
+from autopar.planner.sim.trainer_model import optimizer_step
 
 from ..search._graphs import diamond, mlp, rnn
 
@@ -413,7 +414,10 @@ def test_a_simulated_step_splits_into_the_parts_the_trainers_phases_time():
         out = step_parts(b, tg, tl)
         for d, p in out.items():
             assert set(p) == set(STEP_PARTS) and min(p.values()) >= 0
+            assert sum(p.values()) == pytest.approx(tl.end[optimizer_step(d)], rel=1e-9)
+        for p in step_parts(b, tg, tl, barrier=False).values():
             assert sum(p.values()) == pytest.approx(res.step_time, rel=1e-9)
+        assert max(sum(p.values()) for p in out.values()) == pytest.approx(res.step_time, rel=1e-9)
         return out
 
     one = parts(single_device(g))[0]
@@ -423,6 +427,33 @@ def test_a_simulated_step_splits_into_the_parts_the_trainers_phases_time():
     m = mlp()
     dp = parts(data_parallel(m, 2), TaskGraphBuilder(m, topo, CostModel().bind(m)))
     assert min(p["synchronization"] for p in dp.values()) > 0
+
+
+def test_a_rank_done_before_the_step_ends_has_parts_up_to_its_own_end():
+    """Layers placed, the first half on device 0 and the rest on device 1: device 1's backward
+    pass is done while device 0's still runs.  Where steps start at a barrier (the benchmark),
+    device 1's parts end with its own optimizer step, before the makespan, and none of device 0's
+    backward pass is its overhead; steps run back to back (`autopar train`), it waits for its
+    peer in the next step's exchanges, and that wait is transfer.  Its other parts are the
+    same either way."""
+    from autopar.planner.ir import ParallelConfig
+    from autopar.planner.sim import STEP_PARTS, step_parts
+
+    g = mlp()
+    half = len(g.ops) // 2
+    placed = Strategy.from_mapping(g, {op.name: ParallelConfig((1,) * len(op.pardims), (int(k >= half),))
+                                       for k, op in enumerate(g.ops)}, "layers placed")
+    b = TaskGraphBuilder(g, get_preset("local:2"), CostModel().bind(g))
+    res, tl, tg = simulate_strategy(b, placed)
+    ends = {d: tl.end[optimizer_step(d)] for d in (0, 1)}
+    assert ends[1] < ends[0] == pytest.approx(res.step_time, rel=1e-9)
+    timed, steady = step_parts(b, tg, tl), step_parts(b, tg, tl, barrier=False)
+    for d in (0, 1):
+        assert sum(timed[d].values()) == pytest.approx(ends[d], rel=1e-9)
+        assert sum(steady[d].values()) == pytest.approx(res.step_time, rel=1e-9)
+        assert steady[d]["transfer"] - timed[d]["transfer"] == pytest.approx(res.step_time - ends[d], abs=1e-12)
+        for p in set(STEP_PARTS) - {"transfer"}:
+            assert steady[d][p] == pytest.approx(timed[d][p], abs=1e-12)
 
 
 def test_an_all_reduce_on_the_ranks_cores_counts_once_in_the_parts():
