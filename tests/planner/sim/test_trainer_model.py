@@ -495,6 +495,36 @@ def test_an_all_reduce_on_the_ranks_cores_counts_once_in_the_parts():
         assert sum(p.values()) == pytest.approx(res.step_time, rel=1e-9) and p["overhead"] > 0
 
 
+def test_a_bucket_issued_from_a_gradient_hook_is_compute_in_the_parts():
+    """The trainer issues a bucket's all-reduce from the hook of its last gradient, inside the
+    backward call of the op it follows, so the call's span holds the issue: `step_parts` counts it
+    as compute.  Only a bucket issued after the backward pass (before the wait for the buckets) is
+    overhead.  With the all-reduces off the cores, the compute part grows by exactly the longer
+    issue of every hook-issued bucket."""
+    from dataclasses import replace
+
+    from autopar.planner.cost.calibration import Curve
+    from autopar.planner.sim import step_parts
+    from autopar.planner.sim.trainer_model import bucket_issue, sync_wait
+
+    g = mlp()
+    topo = get_preset("local:2")
+    base = replace(default_calibration("CPU-core", "gloo", 2), comm_uses_cores=False)
+    computes, hooked = [], []
+    for seconds in (1e-6, 1e-3):
+        cal = replace(base, issue=Curve(((0.0, seconds),)))
+        b = TaskGraphBuilder(g, topo, CostModel().bind(g), runtime=cal, bucket_bytes=100)
+        res, tl, tg = simulate_strategy(b, data_parallel(g, 2))
+        issues = [k for k in tg if len(k) == 4 and k == bucket_issue(k[1], k[3])]
+        hooked.append(sorted(k for k in issues if sync_wait(k[3]) not in tg.succs(k)))
+        assert len(issues) >= 2 * 2 and hooked[-1]                  # several buckets, on both ranks
+        computes.append(step_parts(b, tg, tl))
+    assert hooked[0] == hooked[1]
+    for d in (0, 1):
+        mine = sum(1 for k in hooked[0] if k[3] == d)
+        assert computes[1][d]["compute"] - computes[0][d]["compute"] == pytest.approx(mine * (1e-3 - 1e-6), rel=1e-9)
+
+
 def test_every_rank_draws_the_whole_batch_before_its_first_op():
     """Each rank draws the step's synthetic global batch (the model's inputs and labels) before its
     first op: with a calibrated ``draw`` every device's step-start task and its overhead part grow
