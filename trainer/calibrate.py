@@ -605,7 +605,9 @@ MODEL_STEPS = {False: (3, 12), True: (2, 4)}
 def _model_overhead_rank(rank: int, world: int, model: str, options: dict[str, Any], quick: bool) -> dict[str, Any]:
     """One rank: `model` whole on this rank (every op on device `rank`, so no rank waits for
     another), stepped by the trainer's own `Trainer`; per timed step, the wall time of the
-    runtime's forward and backward passes less their spans (`_timed_passes`)."""
+    runtime's forward and backward passes less their spans (`_timed_passes`), and its exchange
+    spans, every one a call that moves nothing between ranks (`runtime.exchange_calls`)."""
+    from .runtime import exchange_calls
     from autopar.planner.ir import import_spec, single_device
     from autopar.planner.sim import requires_grad
     from autopar.planner.zoo import load_model
@@ -621,15 +623,20 @@ def _model_overhead_rank(rank: int, world: int, model: str, options: dict[str, A
     tr = Trainer(Job(cfg, spec, graph, strategy), rank, world, ProcessGroups(), torch.device("cpu"))
     last = _timed_passes(tr.runtime)
     untimed, timed = MODEL_STEPS[quick]
-    fwd, bwd = [], []
+    fwd, bwd, fwd_x, bwd_x = [], [], [], []
     for s in range(untimed + timed):
         tr.train_step(s)
         if s >= untimed:
             ph = tr.runtime.phases
             fwd.append(max(0.0, last[0] - ph["fwd"] - ph["exchange"]))
             bwd.append(max(0.0, last[1] - ph["bwd"] - ph["grad exchange"]))
+            fwd_x.append(ph["exchange"])
+            bwd_x.append(ph["grad exchange"])
+    calls = exchange_calls(tr.runtime.views)
     return {"fingerprint": graph.fingerprint, "fwd_tasks": len(graph.ops), "bwd_tasks": sum(requires_grad(graph)),
-            "fwd_between_s": statistics.median(fwd), "bwd_between_s": statistics.median(bwd), "steps": timed}
+            "fwd_between_s": statistics.median(fwd), "bwd_between_s": statistics.median(bwd), "steps": timed,
+            "fwd_calls": len(calls[0]), "bwd_calls": len(calls[1]),
+            "fwd_exchange_s": statistics.median(fwd_x), "bwd_exchange_s": statistics.median(bwd_x)}
 
 
 def model_overheads(model: str, options: Mapping[str, Any] | None, world: int, *,
@@ -638,15 +645,21 @@ def model_overheads(model: str, options: Mapping[str, Any] | None, world: int, *
     own steps (module docstring, 3.): `world` local gloo ranks, one thread each, each stepping
     the whole model at once, as busy as a data-parallel step keeps them; per rank the median
     over the timed steps (`MODEL_STEPS`) divided by the tasks the simulator counts, then the
-    median over the ranks.  `model` and `options` as `autopar profile` takes them (each rank
-    imports the model itself).  About as long as 15 single-device steps."""
+    median over the ranks.  Likewise ``exchange_call_s``, (forward, backward) seconds per exchange
+    call, every one of which moves nothing between ranks there: its exchange spans divided by the
+    calls (`runtime.exchange_calls`; 0 where the model makes none), which is what a rank pays for
+    an op's exchange beside any message (`planner.sim.trainer_model._local_calls`: 0.2-0.9 ms of a
+    data-parallel step on the AMD VM of 2026-11-29).  `model` and `options` as `autopar profile`
+    takes them (each rank imports the model itself).  About as long as 15 single-device steps."""
     if world < 1:
         raise ValueError(f"model_overheads needs at least one rank, got world={world}")
     per_rank = run_local(_model_overhead_rank, world, (model, dict(options or {}), quick))
     fwd = statistics.median(r["fwd_between_s"] / max(1, r["fwd_tasks"]) for r in per_rank)
     bwd = statistics.median(r["bwd_between_s"] / max(1, r["bwd_tasks"]) for r in per_rank)
+    calls = tuple(statistics.median(r[f"{d}_exchange_s"] / r[f"{d}_calls"] if r[f"{d}_calls"] else 0.0
+                                    for r in per_rank) for d in ("fwd", "bwd"))
     return {"fingerprint": per_rank[0]["fingerprint"], "fwd_task_s": fwd, "bwd_task_s": bwd,
-            "steps": per_rank[0]["steps"], "fwd_tasks": per_rank[0]["fwd_tasks"],
+            "exchange_call_s": calls, "steps": per_rank[0]["steps"], "fwd_tasks": per_rank[0]["fwd_tasks"],
             "bwd_tasks": per_rank[0]["bwd_tasks"], "ranks": world}
 
 
@@ -656,7 +669,8 @@ def ensure_model_overheads(cache, model: str, options: Mapping[str, Any] | None,
     """The runtime's own work per task in `model`'s own steps on `workers` local CPU ranks
     (`model_overheads`, a few seconds), which the simulator charges for this model in place of
     the calibration's chains: kept when the cache has it for the cache's calibration of
-    ``local:<workers>``, measured and saved otherwise, or with `remeasure` (what `autopar
+    ``local:<workers>`` (with its exchange calls: an older autopar did not time them), measured
+    and saved otherwise, or with `remeasure` (what `autopar
     profile` and `autopar run` do after `autopar.job.pipeline.ensure_calibration`).  Skipped (the
     chains' figures stay) where the cache has no such calibration, and ``failed``, with the
     error, where the ranks could not step the model whole; the profile is kept either way.
@@ -672,9 +686,9 @@ def ensure_model_overheads(cache, model: str, options: Mapping[str, Any] | None,
     if cal is None:
         return {"status": "skipped", "line": f"no runtime calibration of local:{workers} to go with"}
     fingerprint = fingerprint or import_spec(load_model(model, **dict(options or {}))).fingerprint
-    have = cache.overheads(cal, fingerprint)
-    if have is not None and not remeasure:
-        return _overheads_result("kept", model, have[0], have[1])
+    have, calls = cache.overheads(cal, fingerprint), cache.exchange_overheads(cal, fingerprint)
+    if have is not None and calls is not None and not remeasure:     # without `calls`: an older autopar's
+        return _overheads_result("kept", model, have[0], have[1], calls)
     if progress is not None:
         progress(f"the runtime's own work per op in {model}'s steps")
     t0 = time.perf_counter()
@@ -682,17 +696,24 @@ def ensure_model_overheads(cache, model: str, options: Mapping[str, Any] | None,
         res = model_overheads(model, options, workers, quick=quick)
     except AutoparError as e:       # a rank that cannot step the model whole: the chains' figures serve
         return {"status": "failed", "line": f"not measured ({e}); the calibration's per-op figures are used"}
-    cache.put_overheads(cal, fingerprint, res["fwd_task_s"], res["bwd_task_s"], res["steps"])
+    cache.put_overheads(cal, fingerprint, res["fwd_task_s"], res["bwd_task_s"], res["steps"],
+                        exchange=res["exchange_call_s"])
     cache.save()
-    return {**_overheads_result("measured", model, res["fwd_task_s"], res["bwd_task_s"]),
+    return {**_overheads_result("measured", model, res["fwd_task_s"], res["bwd_task_s"], res["exchange_call_s"]),
             "seconds": round(time.perf_counter() - t0, 1)}
 
 
-def _overheads_result(status: str, model: str, fwd: float, bwd: float) -> dict[str, Any]:
-    """`ensure_model_overheads`' answer for seconds per forward and per backward task."""
-    return {"status": status, "fwd_task_us": round(fwd * 1e6, 1), "bwd_task_us": round(bwd * 1e6, 1),
-            "line": f"{model}'s steps: {fwd * 1e6:.0f} us per forward task and {bwd * 1e6:.0f} us per backward "
-                    "one between spans"}
+def _overheads_result(status: str, model: str, fwd: float, bwd: float,
+                      exchange: tuple[float, float] | None = None) -> dict[str, Any]:
+    """`ensure_model_overheads`' answer for seconds per forward and per backward task (and per
+    exchange call that moves nothing, where measured)."""
+    out = {"status": status, "fwd_task_us": round(fwd * 1e6, 1), "bwd_task_us": round(bwd * 1e6, 1),
+           "line": f"{model}'s steps: {fwd * 1e6:.0f} us per forward task and {bwd * 1e6:.0f} us per backward "
+                   "one between spans"}
+    if exchange is not None:
+        out["exchange_call_us"] = [round(t * 1e6, 1) for t in exchange]
+        out["line"] += f"; {exchange[0] * 1e6:.0f} and {exchange[1] * 1e6:.0f} us per exchange call"
+    return out
 
 
 def _optimizer_rank(rank: int, world: int, cfg: Settings, kind: str = "cpu") -> dict[str, Any]:

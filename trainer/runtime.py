@@ -93,6 +93,27 @@ class _OpView:
     input_op: bool
     random: bool = False        # draws random numbers (dropout): seeded per step, see `Runtime.step`
 
+    @property
+    def exchanges(self) -> bool:
+        """Whether this rank calls the op's exchange forward: a route moves or assembles something
+        here, or only assembles its tasks' inputs from this rank's own producers."""
+        return any(not rv.idle for rv in self.routes)
+
+    def grad_routes(self) -> list[tuple[RouteView, torch.dtype]]:
+        """The routes whose gradients the op's backward exchange moves or accumulates here: those
+        that carry one, outside the autograd call of the op (not fused), and are not idle."""
+        return [(rv, dtype) for rv, dtype, fused in zip(self.routes, self.dtypes, self.fused_in)
+                if rv.route.grads and not fused and not rv.idle]
+
+
+def exchange_calls(views: Mapping[str, _OpView]) -> tuple[list[str], list[str]]:
+    """The ops whose exchange a rank calls in one step where it holds their tasks, forward and
+    backward (`Runtime._forward`, `Runtime._backward_op`): the calls whose own work the simulator
+    charges (`autopar.planner.sim.trainer_model._local_calls`, ``local_exchange_s``)."""
+    fwd = [name for name, v in views.items() if v.tasks and v.exchanges]
+    bwd = [name for name, v in views.items() if v.tasks and v.grad and v.grad_routes()]
+    return fwd, bwd
+
 
 class _Accumulators(dict):
     """(op, task) -> one `GradAccumulator` per output, created on first use."""
@@ -341,8 +362,7 @@ class Runtime:
         for v in self.views.values():
             op = v.op
             inputs: dict[int, list] = {t.index: [None] * len(v.routes) for t in v.tasks}
-            moves = any(not rv.idle for rv in v.routes)
-            with torch.no_grad(), (self.span("exchange", op.name) if moves else _NO_SPAN):
+            with torch.no_grad(), (self.span("exchange", op.name) if v.exchanges else _NO_SPAN):
                 sends, recvs = {}, {}
                 for rv, dtype in zip(v.routes, v.dtypes):
                     if not rv.idle:
@@ -415,8 +435,7 @@ class Runtime:
         for t in v.tasks:
             key = (op.name, t.index)
             input_grads[key] = [x.grad if x.is_leaf and x.requires_grad else None for x in leaves.get(key, ())]
-        moving = [(rv, dtype) for rv, dtype, fused in zip(v.routes, v.dtypes, v.fused_in)
-                  if rv.route.grads and not fused and not rv.idle]
+        moving = v.grad_routes()
         with torch.no_grad(), (self.span("grad exchange", op.name) if moving else _NO_SPAN):
             sends, recvs = {}, {}
             for rv, dtype in moving:

@@ -206,6 +206,9 @@ class RuntimeCalibration:
     leave_var: Curve | None = None                 # variance (s^2) of two ranks' offset leaving an exchange
     method: int = CALIBRATION_METHOD               # how it was measured (`CALIBRATION_METHOD`)
     details: tuple[tuple[str, Any], ...] = field(default=(), compare=False)
+    # An exchange call that moves nothing between ranks, forward and backward, in one model's own
+    # steps (`planner.sim.trainer_model.trainer_calibration`); (0, 0) where not measured.
+    local_exchange_s: tuple[float, float] = (0.0, 0.0)
 
     @property
     def measures_arrival_noise(self) -> bool:

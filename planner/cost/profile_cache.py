@@ -27,9 +27,11 @@ the task's kernels, beside the kernels' own time on the device (the two run side
 
 Beside the op times, ``"overheads"`` holds the runtime's own work per task measured in a model's
 own steps (`trainer.calibrate.model_overheads`), by ``"<calibration key>|<graph fingerprint>"``:
-``{"forward": s, "backward": s, "steps": n}``, seconds per forward and per backward task between
-the runtime's spans.  The simulator charges them for that model in place of the calibration's
-chains (`planner.sim.trainer_model.trainer_calibration`); older files have none.
+``{"forward": s, "backward": s, "steps": n, "exchange": [s, s]}``, seconds per forward and per
+backward task between the runtime's spans and, where measured, per exchange call that moves
+nothing between ranks, forward and backward.  The simulator charges them for that model in place
+of the calibration's chains (`planner.sim.trainer_model.trainer_calibration`); older files have
+none, or no ``exchange``.
 
 The default location is ``$AUTOPAR_CACHE_DIR/profile.json`` or
 ``~/.cache/autopar/profile.json``.  Saving writes a temporary file next to the target and renames
@@ -201,6 +203,7 @@ class _Overheads(BaseModel):
     forward: float = Field(ge=0, allow_inf_nan=False)
     backward: float = Field(ge=0, allow_inf_nan=False)
     steps: int = Field(default=0, ge=0)
+    exchange: tuple[float, float] | None = None
 
 
 class _CacheFile(BaseModel):
@@ -242,6 +245,7 @@ class ProfileCache:
         self._host: dict[str, tuple[float, float]] = {}
         self._calibrations: dict[str, Any] = {}
         self._overheads: dict[str, tuple[float, float, int]] = {}
+        self._exchanges: dict[str, tuple[float, float]] = {}
         self.path = Path(path) if path is not None else None
         #: set by `load` when it dropped measurements taken the old way: one line for people
         self.notice: str | None = None
@@ -289,6 +293,8 @@ class ProfileCache:
             for k, o in doc.overheads.items():
                 if k.split("|fp=", 1)[0] not in stale:      # measured with a calibration measured again
                     cache._overheads[k] = (o.forward, o.backward, o.steps)
+                    if o.exchange is not None:
+                        cache._exchanges[k] = cache._checked_exchange(k, o.exchange)
         except CostModelError as e:
             raise CostModelError(f"profile cache {p}: {e}") from e
         if stale:
@@ -307,7 +313,8 @@ class ProfileCache:
             "calibrations": {k: c.to_json() for k, c in sorted(self._calibrations.items())},
         }
         if self._overheads:
-            doc["overheads"] = {k: {"forward": f, "backward": b, "steps": n}
+            doc["overheads"] = {k: {"forward": f, "backward": b, "steps": n,
+                                    **({"exchange": list(self._exchanges[k])} if k in self._exchanges else {})}
                                 for k, (f, b, n) in sorted(self._overheads.items())}
         def dump(fh) -> None:
             json.dump(doc, fh, indent=1)
@@ -352,7 +359,10 @@ class ProfileCache:
         op times measured apart from them (another moment's profile of the same machine)."""
         for c in other.calibrations():
             self.put_calibration(c)
+        for k in other._overheads:
+            self._exchanges.pop(k, None)
         self._overheads.update(other._overheads)
+        self._exchanges.update(other._exchanges)
 
     def overheads(self, calibration: RuntimeCalibration, fingerprint: str) -> tuple[float, float, int] | None:
         """(seconds per forward task, per backward task, steps timed) of the runtime's own work
@@ -360,13 +370,36 @@ class ProfileCache:
         `calibration` describes (`trainer.calibrate.model_overheads`), if measured."""
         return self._overheads.get(_overheads_key(calibration.key, fingerprint))
 
+    def exchange_overheads(self, calibration: RuntimeCalibration, fingerprint: str) -> tuple[float, float] | None:
+        """(seconds per forward, per backward exchange call that moves nothing between ranks) in
+        the steps of the model whose graph has `fingerprint` (`trainer.calibrate.model_overheads`),
+        if measured with its overheads."""
+        return self._exchanges.get(_overheads_key(calibration.key, fingerprint))
+
     def put_overheads(self, calibration: RuntimeCalibration, fingerprint: str, forward: float, backward: float,
-                      steps: int) -> None:
+                      steps: int, exchange: tuple[float, float] | None = None) -> None:
         if not all(math.isfinite(t) and t >= 0 for t in (forward, backward)) or steps < 1:
             raise CostModelError(f"runtime overheads of {fingerprint}: seconds per task must be finite and "
                                  f"non-negative over at least one step, got forward {forward} s, backward "
                                  f"{backward} s, {steps} steps")
-        self._overheads[_overheads_key(calibration.key, fingerprint)] = (float(forward), float(backward), int(steps))
+        key = _overheads_key(calibration.key, fingerprint)
+        checked = None if exchange is None else self._checked_exchange(fingerprint, exchange)
+        self._overheads[key] = (float(forward), float(backward), int(steps))
+        if checked is None:
+            self._exchanges.pop(key, None)
+        else:
+            self._exchanges[key] = checked
+
+    @staticmethod
+    def _checked_exchange(what: str, exchange: Any) -> tuple[float, float]:
+        try:
+            fwd, bwd = (float(t) for t in exchange)
+        except (TypeError, ValueError):
+            fwd = bwd = math.nan
+        if not all(math.isfinite(t) and t >= 0 for t in (fwd, bwd)):
+            raise CostModelError(f"runtime overheads of {what}: an exchange call's seconds must be two finite, "
+                                 f"non-negative numbers (forward, backward), got {exchange!r}")
+        return fwd, bwd
 
     def __contains__(self, key: object) -> bool:
         return key in self._entries

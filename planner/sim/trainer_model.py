@@ -13,7 +13,8 @@ What the trainer does, and how it is modelled:
   tasks in reverse order, one at a time; it waits where an op needs data from a peer.  Each
   device gets a chain: static barrier tasks mark where its program arrives at every op
   (`A` forward, `BA` backward) and the op's tasks on the device sit between them in task order.
-  A barrier runs on a virtual resource of its device and lasts 1 ns, so it never queues.
+  A barrier runs on a virtual resource of its device and lasts 1 ns, so it never queues.  So do
+  the program's exchange calls (`_local_calls`), whose runtime work the program waits for in place.
 * **Exchanges.**  Every rank calls the exchange of op i's inputs when its program reaches op i
   and waits there for what it receives (`W`, after `A`); a message moves once the producer task
   has finished and its sender has reached op i.  Gradients go back the same way at op i's place
@@ -95,7 +96,9 @@ def trainer_calibration(topology, cost, graph: OperatorGraph | None = None) -> R
     per-task overheads are those, plus the chains' work inside the spans beyond the kernels
     (``details["fwd_task_phase_only_s"]``, which the measured steps time as compute): the chains'
     bookkeeping, timed with every span evicting the caches, came out at 2-3x the models' own on
-    the Xeon VM (docs/simulation.md, "Twenty-third round")."""
+    the Xeon VM (docs/simulation.md, "Twenty-third round").  So are its exchange calls that move
+    nothing between ranks, where they were measured with them (``local_exchange_s``, `_local_calls`);
+    the chains never make such a call, and without the model's own steps they cost nothing."""
     devices = topology.devices
     if not devices or len({d.product for d in devices}) != 1:
         return None
@@ -108,7 +111,8 @@ def trainer_calibration(topology, cost, graph: OperatorGraph | None = None) -> R
         if own is not None:
             inside = dict(measured.details)
             measured = replace(measured, fwd_task_s=own[0] + float(inside.get("fwd_task_phase_only_s", 0.0)),
-                               bwd_task_s=own[1] + float(inside.get("bwd_task_phase_only_s", 0.0)))
+                               bwd_task_s=own[1] + float(inside.get("bwd_task_phase_only_s", 0.0)),
+                               local_exchange_s=cache.exchange_overheads(measured, graph.fingerprint) or (0.0, 0.0))
         return measured
     if cpu and len(topology.nodes) == 1:
         return default_calibration(product, "gloo", world)
@@ -171,6 +175,17 @@ def host_task(key: tuple) -> tuple:
 def engine_call(n: int, i: int, t: int) -> tuple:
     """The autograd engine's start-up for task t of op i's own backward call (`fused`, `edge_plan`)."""
     return (1, n - i, 4, t)
+
+
+def local_exchange(i: int, d: int) -> tuple:
+    """Rank d's exchange call for op i's inputs, forward, that moves nothing between ranks (`op_plan`)."""
+    return (0, i, 5, d)
+
+
+def local_grad_exchange(n: int, i: int, d: int) -> tuple:
+    """Rank d's exchange call for op i's input gradients that moves nothing between ranks (`op_plan`,
+    `edge_plan`)."""
+    return (1, n - i, 5, d)
 
 
 def bucket_issue(k: int, d: int) -> tuple:
@@ -357,7 +372,52 @@ def op_plan(b, i: int, op, cfg) -> tuple:
                            [stream_back(n, i, d), sq, stream_back(n, i - 1, d)]]
         for chain in chains:
             edges += zip(chain, chain[1:])
+    _local_calls(b, i, op, on, grad, tasks, edges, keys)
     return tasks, edges, tuple(keys)
+
+
+def _grad_inputs(b, i: int, op) -> list[tuple[int, bool]]:
+    """(input index, whether its edge may be fused) of every input of op `i` whose gradient flows
+    back to its producer (`autopar.trainer.plan.InputRoute.grads`)."""
+    out = []
+    for j, ref in enumerate(op.inputs):
+        p = b.graph.index[ref.op]
+        if b._requires_grad[p] and b.graph[ref.op].outputs[ref.index].dtype in _FLOAT:
+            out.append((j, fusion_consumer(b, p) == (i, j)))
+    return out
+
+
+def _local_calls(b, i: int, op, on: dict, grad: bool, tasks: list, edges: list, keys: list) -> None:
+    """The exchange calls of op `i` on every rank holding its tasks, as part of the program's time
+    in the exchange: ``local_exchange_s``, what a call that moves nothing between ranks cost in
+    the model's own steps (`trainer_calibration`), forward and backward.  A rank with tasks of an
+    op that has inputs makes the call forward even where nothing moves (`autopar.trainer.runtime.
+    Runtime._forward` assembles the inputs from the local producers' outputs), and one backward
+    where an input's gradient leaves the consumer's autograd call (adding it into its producer's
+    accumulator, `autopar.trainer.redistribute.GradAccumulator`).  An edge that may be fused is
+    charged by `edge_plan` where the configurations keep it apart (`_apart_call`).  Where messages
+    move, the call's own work runs beside their latency, which holds ``exchange_s``.  A call runs
+    on its program's own resource, not on the core: where an all-reduce holds the core (a rank's
+    gloo thread taking time from what it runs under), a call queued behind it would book the
+    all-reduce as the rank's time in an exchange, which its short span does not see.  (Left out,
+    the exchange spans held 0.2-0.9 ms of every data-parallel step on the AMD VM that the
+    simulated step did not: docs/simulation.md, "Twenty-sixth round".)"""
+    rt: RuntimeCalibration = b.runtime
+    fwd, bwd = rt.local_exchange_s
+    n = b.num_ops
+    backward = grad and bwd > 0 and any(not fusable for _, fusable in _grad_inputs(b, i, op))
+    for d in on:
+        res = _CHAIN_BASE + d          # the program's own resource, beside the core (docstring)
+        if op.inputs and fwd > 0:
+            k = local_exchange(i, d)
+            tasks.append((k, res, fwd, "overhead", 0.0, f"exchange {op.name}"))
+            edges += [(arrive(i, d), k), (k, inputs_in(i, d))]
+            keys.append(k)
+        if backward:
+            k = local_grad_exchange(n, i, d)
+            tasks.append((k, res, bwd, "overhead", 0.0, f"grad exchange {op.name}"))
+            edges += [(grads_out(n, i, d), k), (k, grads_in(n, i, d))]
+            keys.append(k)
 
 
 def _message(b, key: tuple, route: tuple, rt: RuntimeCalibration, nbytes: float,
@@ -468,16 +528,38 @@ def edge_plan(b, i: int, op, j: int, ccfg, pcfg) -> tuple:
                    tuple((1, n - i, 0, c) for c in dst) + (grads_out(n, i, dd),), grads_in(n, i, dd),
                    GRADIENT_RECEIVE, sd, (grads_in(n, i, sd), (1, n - p, 0, pt)))
             _post(b, tasks, edges, key, sd)
-    if rt.bwd_call_s > 0 and fusion_consumer(b, p) == (i, j) and not fused(b, i, op, j, ccfg, pcfg):
+    gpu = rt.launches_async
+    apart = fusion_consumer(b, p) == (i, j) and not fused(b, i, op, j, ccfg, pcfg)
+    if rt.bwd_call_s > 0 and apart:
         # The producer runs its own backward call per task: the engine's start-up, on the program
         # of the task's device just before the task (its host on GPUs).
-        gpu = rt.launches_async
         for pt, d in enumerate(pdev):
             k, task = engine_call(n, p, pt), (1, n - p, 0, pt)
             tasks.append((k, _CHAIN_BASE + d if gpu else d, rt.bwd_call_s, "overhead", 0.0, ref.op))
             edges += [(back_arrive(n, p, d), k), (k, host_task(task) if gpu else task)]
+    if grads and apart:
+        _apart_call(b, i, op, j, set(cdev), tasks, edges)
     keys = [t[0] for t in tasks]
     return tasks, edges, tuple(keys)
+
+
+def _apart_call(b, i: int, op, j: int, holders: set[int], tasks: list, edges: list) -> None:
+    """The backward exchange call of op `i` on every rank holding its tasks (`holders`) where
+    input `j`, whose edge may be fused, is kept apart by the configurations and op `i` has no
+    input that is never fused (`_local_calls` charges those).  There is one call however many of
+    the op's inputs are apart; where it has several that may be fused (a stack of single-use
+    tensors), an edge cannot know the others' configurations and takes its share, so the call is
+    priced in full when all of them are apart."""
+    rt: RuntimeCalibration = b.runtime
+    seconds = rt.local_exchange_s[1]
+    inputs = _grad_inputs(b, i, op)
+    if seconds <= 0 or not all(fusable for _, fusable in inputs):
+        return
+    n = b.num_ops
+    for d in sorted(holders):
+        k = local_grad_exchange(n, i, d) + (j,)
+        tasks.append((k, _CHAIN_BASE + d, seconds / len(inputs), "overhead", 0.0, f"grad exchange {op.name}"))
+        edges += [(grads_out(n, i, d), k), (k, grads_in(n, i, d))]
 
 
 def _post(b, tasks: list, edges: list, key: tuple, dst: int) -> None:

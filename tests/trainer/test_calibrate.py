@@ -382,6 +382,8 @@ def test_a_models_own_steps_give_its_runtime_work_per_task_and_the_cache_keeps_i
     assert got["fingerprint"] == graph.fingerprint and got["ranks"] == 2
     assert got["fwd_tasks"] == len(graph.ops) and got["bwd_tasks"] == sum(requires_grad(graph)) > 0
     assert 0 < got["fwd_task_s"] < 5e-3 and 0 <= got["bwd_task_s"] < 5e-3 and got["steps"] == calib.MODEL_STEPS[True][1]
+    # Every op with inputs calls its exchange forward; lenet's chain is one autograd call backward.
+    assert 0 < got["exchange_call_s"][0] < 5e-3 and got["exchange_call_s"][1] == 0
 
     cache = ProfileCache.load(tmp_path / "profile.json")
     assert ensure_model_overheads(cache, "lenet", options, 2)["status"] == "skipped"
@@ -391,8 +393,12 @@ def test_a_models_own_steps_give_its_runtime_work_per_task_and_the_cache_keeps_i
     monkeypatch.setattr(calib, "model_overheads", lambda *a, **k: calls.append(a) or {**got, "fwd_task_s": 7e-5})
     first = ensure_model_overheads(cache, "lenet", options, 2)
     assert first["status"] == "measured" and first["fwd_task_us"] == 70.0 and len(calls) == 1
-    assert ProfileCache.load(tmp_path / "profile.json").overheads(cal, graph.fingerprint)[0] == 7e-5   # saved
-    assert ensure_model_overheads(cache, "lenet", options, 2)["status"] == "kept" and len(calls) == 1
+    assert first["exchange_call_us"] == [round(got["exchange_call_s"][0] * 1e6, 1), 0.0]
+    saved = ProfileCache.load(tmp_path / "profile.json")
+    assert saved.overheads(cal, graph.fingerprint)[0] == 7e-5 and \
+        saved.exchange_overheads(cal, graph.fingerprint) == got["exchange_call_s"]
+    kept = ensure_model_overheads(cache, "lenet", options, 2)
+    assert kept["status"] == "kept" and kept["exchange_call_us"] == first["exchange_call_us"] and len(calls) == 1
     assert ensure_model_overheads(cache, "lenet", options, 2, remeasure=True)["status"] == "measured"
     assert len(calls) == 2
 

@@ -303,6 +303,24 @@ def test_a_models_overheads_are_kept_by_calibration_and_graph_and_saved(tmp_path
     other = ProfileCache()
     other.put_runtime_of(back)
     assert other.overheads(two, "sha256:aa") == (30e-6, 40e-6, 12) and len(other.calibrations()) == 2
+    # With the seconds of an exchange call that moves nothing, forward and backward; measured again
+    # without them (an older autopar's measurement), they go.
+    assert cache.exchange_overheads(two, "sha256:aa") is None
+    cache.put_overheads(two, "sha256:aa", 30e-6, 40e-6, 12, exchange=(9e-6, 15e-6))
+    back = ProfileCache.load(cache.save(tmp_path / "profile.json"))
+    assert back.exchange_overheads(two, "sha256:aa") == (9e-6, 15e-6)
+    other.put_runtime_of(back)
+    assert other.exchange_overheads(two, "sha256:aa") == (9e-6, 15e-6)
+    cache.put_overheads(two, "sha256:aa", 30e-6, 40e-6, 12)
+    assert cache.exchange_overheads(two, "sha256:aa") is None
+    other.put_runtime_of(cache)
+    assert other.exchange_overheads(two, "sha256:aa") is None
+
+
+@pytest.mark.parametrize("exchange", [(1e-6, -1e-6), (float("inf"), 1e-6), (1e-6,), "fast"])
+def test_put_overheads_rejects_an_exchange_call_that_is_not_a_measurement(exchange):
+    with pytest.raises(CostModelError, match="an exchange call's seconds must be two finite, non-negative numbers"):
+        ProfileCache().put_overheads(_measured(), "sha256:aa", 1e-6, 1e-6, 3, exchange=exchange)
 
 
 @pytest.mark.parametrize("fwd, bwd, steps", [(-1e-6, 1e-6, 3), (1e-6, float("nan"), 3), (1e-6, 1e-6, 0)])

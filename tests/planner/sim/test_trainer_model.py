@@ -4,6 +4,7 @@ messages that wait for both ranks, buckets, and the optimizer step after every b
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -429,6 +430,35 @@ def test_a_simulated_step_splits_into_the_parts_the_trainers_phases_time():
     assert min(p["synchronization"] for p in dp.values()) > 0
 
 
+def test_a_ranks_exchange_calls_that_move_nothing_are_its_transfer():
+    """On one rank the runtime still calls every op's exchange forward (assembling its inputs) and,
+    where a gradient leaves its consumer's autograd call, backward (adding it into the producer's
+    accumulator): each costs the model's own ``local_exchange_s``, inside the exchange, so it is
+    transfer, and all of it is on the step's path."""
+    from autopar.planner.ir import single_device
+    from autopar.planner.sim import step_parts
+
+    g = rnn(steps=3)
+    topo = get_preset("local:2")
+    cal = default_calibration(topo.devices[0].product, "gloo", 2)
+    calls = (2e-5, 5e-5)
+
+    def run(local):
+        b = TaskGraphBuilder(g, topo, CostModel().bind(g), runtime=replace(cal, local_exchange_s=local))
+        res, tl, tg = simulate_strategy(b, single_device(g))
+        labels = [tg.task(k).label for k in tg if tg.task(k).kind == "overhead"]   # one rank
+        return res.step_time, step_parts(b, tg, tl)[0]["transfer"], labels
+
+    step0, transfer0, labels0 = run((0.0, 0.0))
+    step1, transfer1, labels1 = run(calls)
+    fwd = sum(label.startswith("exchange ") for label in labels1)
+    bwd = sum(label.startswith("grad exchange ") for label in labels1)
+    assert transfer0 == 0 and not any(label.startswith(("exchange ", "grad exchange ")) for label in labels0)
+    assert fwd == sum(1 for op in g.ops if op.inputs) and 0 < bwd < fwd
+    assert transfer1 == pytest.approx(fwd * calls[0] + bwd * calls[1], rel=1e-9)
+    assert step1 - step0 == pytest.approx(transfer1, rel=1e-6)
+
+
 def test_a_rank_done_before_the_step_ends_has_parts_up_to_its_own_end():
     """Layers placed, the first half on device 0 and the rest on device 1: device 1's backward
     pass is done while device 0's still runs.  Where steps start at a barrier (the benchmark),
@@ -606,8 +636,13 @@ def test_a_models_own_overheads_replace_the_chains_for_that_model_only():
     topo = get_preset("local:2")
     own = TaskGraphBuilder(g, topo, CostModel(cache).bind(g)).runtime
     assert own.fwd_task_s == pytest.approx(42e-6) and own.bwd_task_s == pytest.approx(36e-6)
-    assert own.bwd_call_s == cal.bwd_call_s and own.p2p == cal.p2p
+    assert own.bwd_call_s == cal.bwd_call_s and own.p2p == cal.p2p and own.local_exchange_s == (0.0, 0.0)
     assert TaskGraphBuilder(other, topo, CostModel(cache).bind(other)).runtime == cal
+    # Measured with them, so are its exchange calls that move nothing.
+    cache.put_overheads(cal, g.fingerprint, 30e-6, 35e-6, 12, exchange=(8e-6, 20e-6))
+    assert TaskGraphBuilder(g, topo, CostModel(cache).bind(g)).runtime.local_exchange_s == (8e-6, 20e-6)
+    assert TaskGraphBuilder(other, topo, CostModel(cache).bind(other)).runtime.local_exchange_s == (0.0, 0.0)
+    cache.put_overheads(cal, g.fingerprint, 30e-6, 35e-6, 12)
     step = {}
     for name, c in (("own", cache), ("chains", ProfileCache())):
         if name == "chains":
