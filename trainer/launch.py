@@ -49,7 +49,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from autopar.planner.cost import bind_to_own_cores, keep_freed_memory
+from autopar.planner.cost import bind_to_own_cores, keep_freed_memory, use_huge_pages
 
 from .errors import RankFailedError, TrainerConfigError
 
@@ -103,6 +103,7 @@ def rank_device(kind: str, local_rank: int) -> torch.device:
 
 def init_rank(rank: int, world: int, addr: str, port: int, backend: str, timeout: float) -> None:
     keep_freed_memory()
+    use_huge_pages()
     if backend == "gloo":
         torch.set_num_threads(1)
         bind_to_own_cores(rank, world)
@@ -178,6 +179,7 @@ def init_from_env(backend: str, timeout: float) -> tuple[int, int, int]:
     """Join a torchrun job; returns (rank, world size, local rank)."""
     rank, world, local = (int(os.environ[k]) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
     keep_freed_memory()
+    use_huge_pages()
     if backend == "gloo":
         torch.set_num_threads(1)
         bind_to_own_cores(local, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))

@@ -107,3 +107,24 @@ def test_binding_to_cores_leaves_a_process_alone_where_there_are_too_few():
     assert bind_to_own_cores(0, len(before) + 1) == ()
     assert bind_to_own_cores(3, 2) == ()
     assert os.sched_getaffinity(0) == before
+
+
+def _memory(rank: int, world: int) -> tuple[str | None, int]:
+    import torch
+    blocks = [torch.ones(1 << 20) for _ in range(32)]      # 128 MiB in blocks of 4 MiB
+    huge = [int(line.split()[1]) for line in open("/proc/self/smaps_rollup") if line.startswith("AnonHugePages")]
+    del blocks
+    return os.environ.get("THP_MEM_ALLOC_ENABLE"), huge[0]
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps_rollup"), reason="huge pages are counted in Linux's /proc")
+def test_a_ranks_large_tensors_sit_on_huge_pages_as_the_profilers_do(monkeypatch):
+    """Every rank asks PyTorch's allocator for huge pages before it allocates (`init_rank`), as the
+    profiler's workers do (`planner.cost.use_huge_pages`), so that ops run in the memory regime
+    they were measured in."""
+    monkeypatch.delenv("THP_MEM_ALLOC_ENABLE", raising=False)
+    got = run_local(_memory, 2)
+    assert [env for env, _ in got] == ["1", "1"]
+    mode = "/sys/kernel/mm/transparent_hugepage/enabled"
+    if os.path.exists(mode) and "[never]" not in open(mode).read():
+        assert all(huge >= 64 << 10 for _, huge in got), got

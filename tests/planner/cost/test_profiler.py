@@ -353,9 +353,46 @@ def test_in_process_cpu_profiling_keeps_freed_memory_as_the_ranks_do(tmp_path, m
     from autopar.planner.cost import profiler
     calls = []
     monkeypatch.setattr(profiler, "keep_freed_memory", lambda: calls.append("kept"))
+    monkeypatch.setattr(profiler, "use_huge_pages", lambda: calls.append("huge"))
     profile_local(["lenet"], workers=1, options={"batch": 2}, cache=ProfileCache.load(tmp_path / "one.json"),
                   repeats=1, warmup=0, rounds=1)
-    assert calls == ["kept"]
+    assert calls == ["kept", "huge"]
+
+
+_HUGE = """
+import json, sys, torch
+from autopar.planner.cost import use_huge_pages
+on = use_huge_pages()
+blocks = [torch.ones(1 << 20) for _ in range(32)]       # 32 blocks of 4 MiB
+huge = [int(line.split()[1]) for line in open("/proc/self/smaps_rollup") if line.startswith("AnonHugePages")][0]
+print(json.dumps([on, huge]))
+"""
+
+
+@pytest.mark.parametrize("env, on", [(None, True), ("0", False), ("1", True)])
+def test_the_ranks_and_the_profilers_large_tensors_sit_on_huge_pages_unless_the_environment_says_no(env, on):
+    """`use_huge_pages` has PyTorch's allocator ask for transparent huge pages for its large blocks
+    (``THP_MEM_ALLOC_ENABLE``), unless the environment already turned that off; where the kernel
+    gives them on request, a process's 128 MiB of 4 MiB tensors then sits on them."""
+    import json
+    import os
+    import pathlib
+    import subprocess
+    import sys
+    from autopar.planner.cost.profiler import HUGE_PAGES_ENV
+    mode = pathlib.Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if not mode.exists() or not pathlib.Path("/proc/self/smaps_rollup").exists() or "[never]" in mode.read_text():
+        pytest.skip("this kernel gives no transparent huge pages")
+    env_ = {k: v for k, v in os.environ.items() if k != HUGE_PAGES_ENV}
+    if env is not None:
+        env_[HUGE_PAGES_ENV] = env
+    said, huge = json.loads(subprocess.run([sys.executable, "-c", _HUGE], env=env_, check=True, capture_output=True,
+                                           text=True).stdout)
+    assert said is on
+    if on:
+        assert huge >= 64 << 10                 # kB: at least half of the 128 MiB
+    elif "[madvise]" in mode.read_text():
+        assert huge == 0
 
 
 def test_each_task_keeps_its_median_pass(monkeypatch):
