@@ -30,7 +30,8 @@ What the trainer does, and how it is modelled:
   and its receiver places it on their own devices (`_stage`, the calibrated staging), each
   program waiting for its part.  Every receive is posted as the step begins (`_post`: gloo
   ranks post a step's receives ahead, `trainer.comm.RecvAhead`), on the receiver's core before
-  its first op.
+  its first op.  A rank holding an op's tasks also pays its exchange calls' own work where
+  nothing moves between ranks, as the model's own steps timed it (`_local_calls`).
 * **Overheads.**  Each forward and backward task costs the calibrated per-task overhead on top
   of its kernel time (`planner.cost.calibration`): on CPU ranks, the runtime's own work between
   its spans as the model's own steps showed it, where `autopar profile` timed them
