@@ -262,13 +262,12 @@ def use_huge_pages() -> bool:
     """Have PyTorch's CPU allocator back its large blocks with transparent huge pages, unless the
     environment already says otherwise (``THP_MEM_ALLOC_ENABLE=0``); returns whether it will.
 
-    A step touches hundreds of MiB of tensors; with 4 KiB pages every one of them costs TLB misses,
-    and in a virtual machine a miss walks two levels of page tables.  Where the kernel gives huge
-    pages only on request (``/sys/kernel/mm/transparent_hugepage/enabled`` is ``madvise``, as on
-    the AMD VM of 2026-11-29), rnnlm's data-parallel step took 52-54 ms with them against 60-62 ms
-    without (its optimizer step 2.7 against 4.2 ms), while a profiled op, which touches a few
-    tensors, barely moves: the ops' times then depend on the process's working set, not the op.
-    The trainer's ranks and the profiler's workers both call it, so that ops are measured in the
+    A step touches hundreds of MiB of tensors; with 4 KiB pages each costs TLB misses, and in a
+    virtual machine a miss walks two levels of page tables.  Where the kernel gives huge pages
+    only on request (``/sys/kernel/mm/transparent_hugepage/enabled`` is ``madvise``, as on the AMD
+    VM of 2026-11-29), one process stepping rnnlm took 42.4-44.7 ms with them against 44.9-48.7 ms
+    without, in four alternating pairs, while a streaming add over 32 MiB did not move.  The
+    trainer's ranks and the profiler's workers both call it, so that ops are measured in the
     memory regime they run in; it must run before the process's first block of 2 MiB (the
     allocator reads the setting once).  Where the kernel gives them to every large region anyway
     (``always``) it makes every large block start on a huge page; where it never does, nothing."""

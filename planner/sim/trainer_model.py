@@ -179,13 +179,13 @@ def engine_call(n: int, i: int, t: int) -> tuple:
 
 
 def local_exchange(i: int, d: int) -> tuple:
-    """Rank d's exchange call for op i's inputs, forward, that moves nothing between ranks (`op_plan`)."""
+    """Rank d's own work in its exchange call for op i's inputs, forward (`_local_calls`)."""
     return (0, i, 5, d)
 
 
 def local_grad_exchange(n: int, i: int, d: int) -> tuple:
-    """Rank d's exchange call for op i's input gradients that moves nothing between ranks (`op_plan`,
-    `edge_plan`)."""
+    """Rank d's own work in its exchange call for op i's input gradients (`_local_calls`; with the
+    input's index after it, `_apart_call`)."""
     return (1, n - i, 5, d)
 
 
