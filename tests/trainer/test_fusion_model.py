@@ -65,16 +65,23 @@ def _own_calls_simulated(graph, strategy) -> set[tuple[str, int]]:
     return out
 
 
-@pytest.mark.parametrize("model", [name for name, _ in MODELS])
-def test_the_simulator_charges_an_engine_start_up_exactly_where_the_runtime_runs_its_own_call(model, monkeypatch):
+def _plans(model: str, monkeypatch, seed: int) -> tuple:
+    """(spec, graph, plans) of a benchmark model: one device, data and model parallelism, and three
+    random plans the runtime can execute."""
     monkeypatch.syspath_prepend(str(pathlib.Path(__file__).resolve().parents[2] / "examples" / "models"))
     spec = load_model(model, **dict(MODELS)[model])
     graph = import_spec(spec)
     topo = get_preset(f"local:{WORLD}")
     strategies = [single_device(graph)] + [named_strategy(n, graph, topo) for n in ("data-parallel",
                                                                                      "model-parallel")]
-    rng = random.Random(0)
+    rng = random.Random(seed)
     strategies += [_random_plan(graph, topo, rng, spec.module) for _ in range(3)]
+    return spec, graph, strategies
+
+
+@pytest.mark.parametrize("model", [name for name, _ in MODELS])
+def test_the_simulator_charges_an_engine_start_up_exactly_where_the_runtime_runs_its_own_call(model, monkeypatch):
+    spec, graph, strategies = _plans(model, monkeypatch, 0)
     for strategy in strategies:
         runtime = _own_calls_of_the_runtime(graph, strategy, spec.module)
         simulated = _own_calls_simulated(graph, strategy)
@@ -123,15 +130,8 @@ def _fusable_grad_inputs(graph, name: str) -> int:
 def test_the_simulator_charges_an_exchange_call_exactly_where_the_runtime_makes_one(model, monkeypatch):
     """Every rank holding an op's tasks calls its exchange forward, moving something or not, and
     backward where a gradient leaves the consumer's autograd call; the simulator charges each
-    once (`planner.sim.trainer_model._local_calls`, `_local_grads`)."""
-    monkeypatch.syspath_prepend(str(pathlib.Path(__file__).resolve().parents[2] / "examples" / "models"))
-    spec = load_model(model, **dict(MODELS)[model])
-    graph = import_spec(spec)
-    topo = get_preset(f"local:{WORLD}")
-    strategies = [single_device(graph)] + [named_strategy(n, graph, topo) for n in ("data-parallel",
-                                                                                     "model-parallel")]
-    rng = random.Random(1)
-    strategies += [_random_plan(graph, topo, rng, spec.module) for _ in range(3)]
+    once (`planner.sim.trainer_model._local_calls`, `_apart_call`)."""
+    spec, graph, strategies = _plans(model, monkeypatch, 1)
     backward = 0
     for strategy in strategies:
         runtime = _exchange_calls_of_the_runtime(graph, strategy, spec.module)
