@@ -530,7 +530,9 @@ def edge_plan(b, i: int, op, j: int, ccfg, pcfg) -> tuple:
                    GRADIENT_RECEIVE, sd, (grads_in(n, i, sd), (1, n - p, 0, pt)))
             _post(b, tasks, edges, key, sd)
     gpu = rt.launches_async
-    apart = fusion_consumer(b, p) == (i, j) and not fused(b, i, op, j, ccfg, pcfg)
+    # Whether the configurations keep apart an edge that may be fused (only asked where it costs).
+    apart = (rt.bwd_call_s > 0 or (grads and rt.local_exchange_s[1] > 0)) and \
+        fusion_consumer(b, p) == (i, j) and not fused(b, i, op, j, ccfg, pcfg)
     if rt.bwd_call_s > 0 and apart:
         # The producer runs its own backward call per task: the engine's start-up, on the program
         # of the task's device just before the task (its host on GPUs).
