@@ -408,17 +408,21 @@ def _local_calls(b, i: int, op, on: dict, grad: bool, tasks: list, edges: list, 
     n = b.num_ops
     backward = grad and bwd > 0 and any(not fusable for _, fusable in _grad_inputs(b, i, op))
     for d in on:
-        res = _CHAIN_BASE + d          # the program's own resource, beside the core (docstring)
         if op.inputs and fwd > 0:
-            k = local_exchange(i, d)
-            tasks.append((k, res, fwd, "overhead", 0.0, f"exchange {op.name}"))
-            edges += [(arrive(i, d), k), (k, inputs_in(i, d))]
-            keys.append(k)
+            keys.append(_call(tasks, edges, local_exchange(i, d), d, fwd, f"exchange {op.name}",
+                              arrive(i, d), inputs_in(i, d)))
         if backward:
-            k = local_grad_exchange(n, i, d)
-            tasks.append((k, res, bwd, "overhead", 0.0, f"grad exchange {op.name}"))
-            edges += [(grads_out(n, i, d), k), (k, grads_in(n, i, d))]
-            keys.append(k)
+            keys.append(_call(tasks, edges, local_grad_exchange(n, i, d), d, bwd, f"grad exchange {op.name}",
+                              grads_out(n, i, d), grads_in(n, i, d)))
+
+
+def _call(tasks: list, edges: list, key: tuple, d: int, seconds: float, label: str, before: tuple,
+          after: tuple) -> tuple:
+    """Rank d's exchange call `key` between its program's barriers `before` and `after`, on the
+    program's own resource beside the core (`_local_calls`); returns `key`."""
+    tasks.append((key, _CHAIN_BASE + d, seconds, "overhead", 0.0, label))
+    edges += [(before, key), (key, after)]
+    return key
 
 
 def _message(b, key: tuple, route: tuple, rt: RuntimeCalibration, nbytes: float,
@@ -560,9 +564,8 @@ def _apart_call(b, i: int, op, j: int, holders: set[int], tasks: list, edges: li
         return
     n = b.num_ops
     for d in sorted(holders):
-        k = local_grad_exchange(n, i, d) + (j,)
-        tasks.append((k, _CHAIN_BASE + d, seconds / len(inputs), "overhead", 0.0, f"grad exchange {op.name}"))
-        edges += [(grads_out(n, i, d), k), (k, grads_in(n, i, d))]
+        _call(tasks, edges, local_grad_exchange(n, i, d) + (j,), d, seconds / len(inputs), f"grad exchange {op.name}",
+              grads_out(n, i, d), grads_in(n, i, d))
 
 
 def _post(b, tasks: list, edges: list, key: tuple, dst: int) -> None:
