@@ -145,7 +145,10 @@ is: run it when nothing else competes for the cores.  `calibrate(world)` measure
    512 KiB moved from 0.36 to 1.36 ms), while that transformer's model-parallel steps spent
    27.5-34.7 ms a step in their exchanges in nine of the ten runs whatever the chain's mean said.
    Priced at the mean, its error followed the calibration (+0.1 to +25.6 %); at the median,
-   -9.3 to +13.8 % (calibration method 11; docs/simulation.md, "Twenty-second round").  Both
+   -9.3 to +13.8 % (calibration method 11; docs/simulation.md, "Twenty-second round").  The
+   sender's own calls of those messages, from entering to returning (`send_calls`), give
+   ``send_call`` at their median per size: the sender's program pays it before it goes on (60-70
+   us up to 32 KiB and 0.55 ms at 2 MiB on a 2-vCPU AMD VM; calibration method 12).  Both
    chains take their batches' steps in turn (`_interleaved`): batch after batch, two calibrations
    of one morning put 2 MiB one way at 8.3 and 8.9 ms (mean), and one between them at 0.94 ms.
    The two-way chain's timestamps also say how much the ranks' arrivals at an exchange vary
@@ -1399,6 +1402,19 @@ def one_way_latencies(per_rank: list[dict[str, list]]) -> tuple[list[float], flo
     each either one of them receives or neither does; a message's latency runs from the moment
     its sender entered the call to the moment its receiver's call returned.  Raises `ValueError`
     when the calls do not pair up."""
+    return _one_way_pairs(per_rank, lambda recv, send: recv[1] - send[0])
+
+
+def send_calls(per_rank: list[dict[str, list]]) -> tuple[list[float], float]:
+    """The sender's own calls of the one-way in-situ workload's messages, from entering to
+    returning (gloo's ``isend`` and the call around it; the message leaves meanwhile), and the
+    bytes of one message; paired as `one_way_latencies` pairs them."""
+    return _one_way_pairs(per_rank, lambda recv, send: send[1] - send[0])
+
+
+def _one_way_pairs(per_rank: list[dict[str, list]], seconds: Callable) -> tuple[list[float], float]:
+    """``seconds(receiver's call, sender's call)`` of every one-way message of the one-way
+    workload, and the bytes of one message (`one_way_latencies`)."""
     samples: list[float] = []
     sizes: list[float] = []
     steps = [r["calls"] for r in per_rank[:2]]
@@ -1410,7 +1426,7 @@ def one_way_latencies(per_rank: list[dict[str, list]]) -> tuple[list[float], flo
         for ca, cb in zip(a, b):
             for recv, send in ((ca, cb), (cb, ca)):
                 if recv[2] and not send[2]:
-                    samples.append(max(0.0, recv[1] - send[0]))
+                    samples.append(max(0.0, seconds(recv, send)))
                     sizes.append(recv[2])
     if not samples:
         raise ValueError("the one-way workload sent no message")
@@ -1418,11 +1434,12 @@ def one_way_latencies(per_rank: list[dict[str, list]]) -> tuple[list[float], flo
 
 
 def in_step_curve(runs: list[dict[int, dict[str, list]]], latencies: Callable,
-                  shape: Curve, stat: str = "mean_s") -> tuple[Curve, list[dict]]:
+                  shape: Curve | None, stat: str = "mean_s") -> tuple[Curve, list[dict]]:
     """A latency curve from an in-situ workload's runs (per rank, per batch): the mean of
-    `latencies` (`message_latencies` or `one_way_latencies`) at each batch's message size (`stat`
-    ``"median_s"``: the median), made monotone, and beyond the largest the `shape` curve shifted to
-    meet it (the tail belongs to the latency, not to the bytes).  Also the statistics per size."""
+    `latencies` (`message_latencies`, `one_way_latencies` or `send_calls`) at each batch's message
+    size (`stat` ``"median_s"``: the median), made monotone, and beyond the largest the `shape`
+    curve shifted to meet it (the tail belongs to the latency, not to the bytes; without a shape,
+    the line through the last two sizes).  Also the statistics per size."""
     if stat not in ("mean_s", "median_s"):
         raise ValueError(f"an in-step latency curve follows the mean_s or the median_s per size, not {stat!r}")
     per_size = []
@@ -1432,9 +1449,10 @@ def in_step_curve(runs: list[dict[int, dict[str, list]]], latencies: Callable,
         per_size.append({"batch": batch, "message_bytes": size, "messages": len(samples), "mean_s": st["mean"],
                          "median_s": st["median"], "p90_s": st["p90"]})
     last = per_size[-1]
-    shift = last[stat] - shape(last["message_bytes"])
     points = [(p["message_bytes"], p[stat]) for p in per_size]
-    points += [(x, max(0.0, y + shift)) for x, y in shape.points if x > last["message_bytes"]]
+    if shape is not None:
+        shift = last[stat] - shape(last["message_bytes"])
+        points += [(x, max(0.0, y + shift)) for x, y in shape.points if x > last["message_bytes"]]
     return Curve.fit(points), per_size
 
 
@@ -1455,8 +1473,9 @@ def fit_exchange_latency(cal: RuntimeCalibration, world: int, cfg: "Settings",
     largest size it follows the microbenchmark's `wire` curve (the median wait per size; without
     it, the microbenchmark's mean curve), shifted to meet the last point.  The one-way
     workload's curve (``p2p_oneway``) is built the same way from its median latencies (module
-    doc, stage 6).  Inside steps the bytes cost more than between idle ranks too: on this
-    machine 1 MiB took 0.83 ms (median) in the chain and 0.33 ms in the microbenchmark.
+    doc, stage 6), and ``send_call`` from its senders' own calls.  Inside steps the bytes cost
+    more than between idle ranks too: on this machine 1 MiB took 0.83 ms (median) in the chain
+    and 0.33 ms in the microbenchmark.
 
     A measurement, not a fit: the step time the simulator predicts for the workload at
     `IN_SITU_BATCH` with this calibration (its ops profiled as `autopar profile` does) is kept
@@ -1474,7 +1493,9 @@ def fit_exchange_latency(cal: RuntimeCalibration, world: int, cfg: "Settings",
     one_way_sizes = None
     if one_way is not None:     # ``p2p_oneway``, from the one-way workload's runs, at the median
         oneway, one_way_sizes = in_step_curve(one_way, one_way_latencies, shape, "median_s")
-        tuned = replace(tuned, p2p_oneway=oneway)
+        # and the sender's own call (``send_call``), which grows with the bytes past the last size
+        sending, send_sizes = in_step_curve(one_way, send_calls, None, "median_s")
+        tuned = replace(tuned, p2p_oneway=oneway, send_call=sending)
 
     job = in_situ_job(world)
     check = [r[IN_SITU_BATCH] for r in in_situ]
@@ -1503,7 +1524,7 @@ def fit_exchange_latency(cal: RuntimeCalibration, world: int, cfg: "Settings",
            "microbenchmark_s": cal.p2p(at["message_bytes"]), "predicted_step_s": predicted(tuned),
            "predicted_at_microbenchmark_s": predicted(cal)}
     if one_way_sizes is not None:
-        fit["one_way"] = {"strategy": ONE_WAY_STRATEGY, "per_size": one_way_sizes}
+        fit["one_way"] = {"strategy": ONE_WAY_STRATEGY, "per_size": one_way_sizes, "send_call_per_size": send_sizes}
     return tuned, fit
 
 
@@ -1517,6 +1538,7 @@ def summary(cal: RuntimeCalibration) -> dict[str, Any]:
     return {"world": cal.world, "source": cal.source,
             "p2p_4B_us": cal.p2p(4) * us, "p2p_1MiB_us": cal.p2p(1 << 20) * us,
             "p2p_oneway_1MiB_us": cal.message_time(1 << 20, two_way=False) * us,
+            "send_call_64KiB_us": cal.send_call(64 << 10) * us if cal.send_call is not None else None,
             "allreduce_1MiB_us": cal.allreduce_time(1 << 20, cal.world) * us,
             "fwd_task_us": cal.fwd_task_s * us, "bwd_task_us": cal.bwd_task_s * us, "bwd_call_us": cal.bwd_call_s * us,
             "exchange_us": cal.exchange_s * us, "post_us": cal.post_s * us,
@@ -1545,8 +1567,9 @@ def summary_line(cal: RuntimeCalibration) -> str:
                     for name, t, b in cal.optimizer)
     comm = ("p2p and all-reduce not measured (one rank: no peer)" if {"p2p", "allreduce"} <= missing else
             f"p2p {s['p2p_4B_us']:.0f} us at 4 B, {s['p2p_1MiB_us']:.0f} us at 1 MiB "
-            f"({s['p2p_oneway_1MiB_us']:.0f} us one way); all-reduce "
-            f"{s['allreduce_1MiB_us']:.0f} us at 1 MiB ({max(2, cal.world)} ranks)")
+            f"({s['p2p_oneway_1MiB_us']:.0f} us one way"
+            + (f", its sender's call {s['send_call_64KiB_us']:.0f} us at 64 KiB" if s["send_call_64KiB_us"] else "")
+            + f"); all-reduce {s['allreduce_1MiB_us']:.0f} us at 1 MiB ({max(2, cal.world)} ranks)")
     exchange = "exchange not measured" if "exchange_s" in missing else f"exchange {s['exchange_us']:.0f} us"
     return (f"{comm}; overheads fwd "
             f"{s['fwd_task_us']:.0f} us, bwd {s['bwd_task_us']:.0f} us per task (+{s['bwd_call_us']:.0f} us per own "

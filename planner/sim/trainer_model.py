@@ -28,7 +28,8 @@ What the trainer does, and how it is modelled:
   and two-way exchanges stalled for 2-3 ms a third to a half of the time (docs/simulation.md,
   "Eighth round").  Its sender packs it
   and its receiver places it on their own devices (`_stage`, the calibrated staging), each
-  program waiting for its part.  Every receive is posted as the step begins (`_post`: gloo
+  program waiting for its part, and the sender's own call that sends it (``send_call``) before
+  its program goes on.  Every receive is posted as the step begins (`_post`: gloo
   ranks post a step's receives ahead, `trainer.comm.RecvAhead`), on the receiver's core before
   its first op.  A rank holding an op's tasks also pays its exchange calls' own work where
   nothing moves between ranks, as the model's own steps timed it (`_local_calls`).
@@ -586,13 +587,28 @@ def _stage(b, tasks: list, edges: list, key: tuple, first: tuple, last: tuple, n
     the message leaves, once it has what it sends and has reached the exchange (`src_after`), and
     its program goes on only after (`src_next`); the receiver places it (or adds a gradient into
     its accumulator) after it arrives and before what needs it (`dst_next`).  Nothing is added
-    where the calibration has no staging cost."""
+    where the calibration has no staging cost.
+
+    Then the sender's own call that sends it (``send_call``, measured on a one-way chain as the
+    sender's call): the message leaves during that call, so its latency already holds it, but the
+    sender's program goes on only after it.  In the runtime one call sends all of an exchange's
+    messages (`autopar.trainer.comm.exchange_many`), and an edge cannot see the op's other edges:
+    each message's call runs on a virtual resource of its own, so that the calls of one exchange
+    overlap and its program pays about one.  Where the sender also receives in the exchange, it
+    waits for that message meanwhile.  (Left out, the sender-only calls of rnnlm's random plans,
+    50-150 us each, 2.4-2.9 ms a step per rank, were missing from their transfer part on the AMD
+    VM: docs/simulation.md, "Twenty-seventh round".)"""
     rt: RuntimeCalibration = b.runtime
     pack, place = rt.staging_time(send_part, nbytes), rt.staging_time(recv_part, nbytes)
     if pack > 0:
         k = key + (-3,)
         tasks.append((k, src, max(pack, MIN_TASK_SECONDS), "overhead", 0.0, "pack"))
         edges += [(q, k) for q in src_after] + [(k, first), (k, src_next)]
+        src_after = (k,)
+    if rt.send_call is not None:
+        k = key + (-6,)
+        tasks.append((k, b._delay_resource(k), max(rt.send_call(nbytes), MIN_TASK_SECONDS), "comm", 0.0, "send"))
+        edges += [(q, k) for q in src_after] + [(k, src_next)]
     if place > 0:
         k = key + (-4,)
         tasks.append((k, dst, max(place, MIN_TASK_SECONDS), "overhead", 0.0, "place"))

@@ -18,7 +18,9 @@ receiver's arrival and the message's, which varies by the pair's offset and the 
 of its own arrival and its messages', whose mean and variance come from Clark's moments of the
 maximum of two Gaussians (C. E. Clark, "The greatest of a finite set of random variables",
 Operations Research 9(2), 1961), folded over the messages.  Tracking the pair's offset rather
-than each rank's time keeps what the two share since they last met out of the wait.
+than each rank's time keeps what the two share since they last met out of the wait.  A sender's
+own call that sends its messages (``send_call``) runs after its program arrives, while they are
+on their way: it bounds the wait's end, and the arrival stays the program's.
 Approximations: a wait for several ranks leaves the rank's offsets to the others as they were,
 and the mean waits are applied to the simulated timeline as the wait barriers' durations and the
 step simulated again, until they settle (`ROUNDS`), rather than inside Algorithm 1 — so full and
@@ -70,6 +72,12 @@ def _is_data(key: tuple) -> bool:
     return len(key) == 7 and key[2] == 1 and (key[-1] >= 0 or key[-1] == -4)
 
 
+def _is_send_call(key: tuple) -> bool:
+    """A sender's own call that sends a message (`trainer_model._stage`): the program waits for it
+    after it arrived at the exchange, while its messages are on their way."""
+    return len(key) == 7 and key[2] == 1 and key[-1] == -6
+
+
 class _Pair:
     """The variance of the offset between two ranks' programs over the step: events (moment,
     variance there), growing by both programs' `jitter` after each."""
@@ -110,11 +118,13 @@ def mean_waits(b, tg, tl) -> dict[tuple, float]:
     pairs: dict[tuple[int, int], _Pair] = {}
     out: dict[tuple, float] = {}
     for start, d, w in waits:
-        own, messages = [], {}
+        own, messages, sending = [], {}, 0.0
         for p in tg.preds(w):
             if _is_data(p):
                 m = p[:6]
                 messages[m] = max(messages.get(m, -math.inf), tl.end[p])
+            elif _is_send_call(p):
+                sending = max(sending, tl.end[p])
             else:
                 own.append(p)
         if not messages:
@@ -146,7 +156,7 @@ def mean_waits(b, tg, tl) -> dict[tuple, float]:
         mean, var = arrivals[0][:2] if meets else (0.0, 0.0)
         for am, av, _ in arrivals[1:] if meets else arrivals:
             mean, var = clark_max(mean, var, am, av)
-        out[w] = max(0.0, a + mean - start)
+        out[w] = max(0.0, max(a + mean, sending) - start)
         if len(latest) == 1:
             q = next(iter(latest))
             pairs[(min(d, q), max(d, q))].reset(start, arrivals[0][2])

@@ -13,7 +13,7 @@ from autopar.trainer.calibrate import (IN_SITU_BATCHES, QUICK_SIZES, _interleave
                                       fit_intercept,
                                       fit_optimizer,
                                       in_situ_job, in_step_curve, issue_curve, message_latencies, message_serial,
-                                      one_way_latencies, receive_posting, spread, staging_curves)
+                                      one_way_latencies, receive_posting, send_calls, spread, staging_curves)
 
 
 def _monotone_positive(points) -> bool:
@@ -78,6 +78,12 @@ def test_a_quick_calibration_of_two_ranks_is_complete_and_round_trips(tmp_path):
     for p in one_way:   # at the median per size (calibration method 11)
         assert cal.p2p_oneway(p["message_bytes"]) == pytest.approx(
             Curve.fit((q["message_bytes"], q["median_s"]) for q in one_way)(p["message_bytes"]), rel=1e-9)
+    # and the sender's own call of each, at the median per size too
+    sending = fit["one_way"]["send_call_per_size"]
+    assert [p["message_bytes"] for p in sending] == [p["message_bytes"] for p in one_way]
+    assert _monotone_positive(cal.send_call.points)
+    assert cal.send_call(sending[0]["message_bytes"]) == pytest.approx(
+        Curve.fit((q["message_bytes"], q["median_s"]) for q in sending)(sending[0]["message_bytes"]), rel=1e-9)
     assert fit["predicted_step_s"] > 0 and fit["measured_step_s"] > 0
     # How the ranks' arrivals vary was measured on the same chain's exchanges.
     noise = details["arrival_noise"]
@@ -247,6 +253,25 @@ def test_one_way_latencies_run_from_the_senders_entry_to_the_receivers_return():
         one_way_latencies([rank0, {"times": [0.01], "calls": [[(1.05, 1.3, 64)]]}])
     with pytest.raises(ValueError):
         one_way_latencies([rank0])
+
+
+def test_send_calls_are_the_senders_own_calls_of_one_way_messages():
+    """Paired as the latencies are: the sender's call from its entry to its return, whoever
+    entered first; the calls where neither receives are no message."""
+    rank0 = {"times": [0.01], "calls": [[(1.0, 1.1, 0), (2.0, 2.5, 64), (3.0, 3.1, 0)]]}
+    rank1 = {"times": [0.01], "calls": [[(1.05, 1.3, 64), (2.2, 2.26, 0), (3.0, 3.05, 0)]]}
+    samples, size = send_calls([rank0, rank1])
+    assert samples == pytest.approx([0.1, 0.06]) and size == 64
+    with pytest.raises(ValueError, match="same number of steps"):
+        send_calls([rank0])
+
+
+def test_a_curve_without_a_shape_goes_on_along_its_last_two_sizes():
+    """The sender's call grows with the bytes past the largest size measured (``send_call``)."""
+    samples = {1: ([6e-5] * 5, 2048), 2: ([1.4e-4] * 5, 512 << 10), 3: ([5.6e-4] * 5, 2 << 20)}
+    curve, per_size = in_step_curve([{1: 1, 2: 2, 3: 3}], lambda per_rank: samples[per_rank[0]], None, "median_s")
+    assert [p["median_s"] for p in per_size] == pytest.approx([6e-5, 1.4e-4, 5.6e-4])
+    assert curve(4 << 20) == pytest.approx(5.6e-4 + (5.6e-4 - 1.4e-4) * (2 << 20) / (1.5 * (1 << 20)))
 
 
 def test_an_in_step_curve_follows_the_mean_or_the_median_per_size_and_the_shape_beyond():

@@ -86,6 +86,16 @@ def test_a_one_way_message_costs_its_own_curve_where_one_was_measured(tmp_path):
     assert not replace(cal, backend="nccl").receives_ahead    # NCCL posts a receive with its exchange
 
 
+def test_a_senders_own_call_is_kept_with_the_calibration_where_measured():
+    from dataclasses import replace
+    cal = default_calibration("CPU-core", "gloo", 2)
+    assert cal.send_call is not None and cal.send_call(2 << 20) > cal.send_call(2 << 10) > 0
+    assert RuntimeCalibration.from_json(cal.to_json()).send_call == cal.send_call
+    plain = replace(cal, send_call=None)                # measured before the sender's call was
+    assert "send_call" not in plain.to_json() and RuntimeCalibration.from_json(plain.to_json()) == plain
+    assert default_calibration("H100", "nccl", 2).send_call is None      # nothing measured on GPUs
+
+
 def test_drawing_a_synthetic_tensor_costs_its_kind_per_tensor_and_per_element(tmp_path):
     from dataclasses import replace
     cal = replace(default_calibration("CPU-core", "gloo", 2), draw=(("float", 1e-5, 2e-9), ("int", 3e-6, 1e-9)))

@@ -25,6 +25,14 @@ def _random(graph, n, seed):
     return Strategy.from_mapping(graph, {op.name: random_config(op, n, rng) for op in graph.ops}, "random")
 
 
+def _moved(g, name="fc2"):
+    """Every op of `g` on rank 0 but `name`, on rank 1: its input goes one way forward, its
+    gradient one way back."""
+    from autopar.planner.ir import ParallelConfig
+    one = {op.name: data_parallel(g, 1)[op.name] for op in g.ops}
+    return Strategy.from_mapping(g, {**one, name: ParallelConfig(one[name].degrees, (1,))}, "moved")
+
+
 def test_the_trainers_model_is_used_for_local_ranks_only():
     g = mlp()
     assert TaskGraphBuilder(g, get_preset("local:2"), CostModel()).runtime is not None
@@ -100,11 +108,9 @@ def test_a_one_way_message_can_arrive_before_its_receiver_reaches_the_op():
     """Everything on rank 0 but the last layer, on rank 1: its input leaves rank 0 as soon
     as rank 0 sends it, and only NCCL ranks (which post a receive with its exchange) meet first."""
     from dataclasses import replace
-    from autopar.planner.ir import ParallelConfig
     g = mlp()
-    one = {op.name: data_parallel(g, 1)[op.name] for op in g.ops}
     i = [op.name for op in g.ops].index("fc2")
-    moved = Strategy.from_mapping(g, {**one, g.ops[i].name: ParallelConfig(one[g.ops[i].name].degrees, (1,))}, "moved")
+    moved = _moved(g)
     for backend, meets in (("gloo", False), ("nccl", True)):
         cal = replace(default_calibration("CPU-core", "gloo", 2), backend=backend)
         tg = TaskGraphBuilder(g, get_preset("local:2"), CostModel().bind(g), runtime=cal).build(moved)
@@ -206,6 +212,67 @@ def test_each_message_is_packed_by_its_sender_and_placed_by_its_receiver_on_thei
                                                model_parallel(g, 2))
     assert not [k for k in plain_tg if k[-1] in (-3, -4)]
     assert res.step_time > plain_res.step_time
+
+
+def test_a_senders_own_call_holds_its_program_not_its_message():
+    """``send_call``: the sender's program goes on only after its call that sends a message (after
+    packing it), on a virtual resource of the message's own; the message leaves as before, and
+    the receiver does not pay it.  Without the curve there is no such task."""
+    from dataclasses import replace
+
+    from autopar.planner.cost import Curve
+    g = mlp()
+    topo = get_preset("local:2")
+    cal = replace(default_calibration("CPU-core", "gloo", 2), send_call=Curve(((0.0, 300e-6), (1e6, 1.3e-3))))
+    res, tl, tg = simulate_strategy(TaskGraphBuilder(g, topo, CostModel().bind(g), runtime=cal), _moved(g))
+    n = len(g.ops)
+    calls = [k for k in tg if len(k) == 7 and k[2] == 1 and k[-1] == -6]
+    assert {k[0] for k in calls} == {0, 1}                   # the activation forward, its gradient back
+    for k in calls:
+        key, task = k[:-1], tg.task(k)
+        nbytes = tg.task(key + (0,)).nbytes
+        assert task.duration == pytest.approx(cal.send_call(nbytes)) and task.resource >= topo.num_devices
+        sender = tg.task(key + (-3,)).resource                  # who packed it
+        i = key[1] if key[0] == 0 else n - key[1]
+        goes_on = (0, i, -1, sender, 1) if key[0] == 0 else (1, n - i, 2, sender, 1)
+        assert tl.start[k] >= tl.end[key + (-3,)] - 1e-12 and tl.start[goes_on] >= tl.end[k] - 1e-12
+        assert k not in tg.preds(key + (-1,))                   # the message does not wait for it
+    _, plain_tl, plain_tg = simulate_strategy(
+        TaskGraphBuilder(g, topo, CostModel().bind(g), runtime=replace(cal, send_call=None)), _moved(g))
+    assert not [k for k in plain_tg if len(k) == 7 and k[-1] == -6]
+    # Rank 0 sends fc2's input and goes on later by its call (it has nothing else to wait for there).
+    i = [op.name for op in g.ops].index("fc2")
+    (forward,) = [k for k in calls if k[0] == 0 and k[1] == i]
+    assert tl.end[(0, i, -1, 0, 1)] - plain_tl.end[(0, i, -1, 0, 1)] == pytest.approx(tg.task(forward).duration)
+
+
+def test_a_senders_own_call_does_not_move_its_arrival_at_an_exchange_whose_waits_are_priced_at_their_mean():
+    """With arrival noise, a wait is priced from the program's arrival at the exchange
+    (`planner.sim.waits`), which is when its messages leave; the sender's own call after it only
+    bounds the wait's end.  At a two-way exchange both ranks reach at the same moments with the
+    call as without it, and whose incoming message takes far longer than the call, the priced
+    wait is the same."""
+    from dataclasses import replace
+
+    from autopar.planner.cost import Curve
+    from autopar.planner.sim.waits import mean_waits
+    g = rnn(steps=3)
+    flat = Curve.fit([(1, 9e-8), (1 << 30, 9e-8)])
+    noisy = replace(default_calibration("CPU-core", "gloo", 2), jitter=2e-5, latency_var=flat, leave_var=flat)
+    topo, strategy = get_preset("local:2"), model_parallel(g, 2)
+    runs = []
+    for call in (None, Curve(((0.0, 20e-6), (1e9, 40e-6)))):
+        b = TaskGraphBuilder(g, topo, CostModel().bind(g), runtime=replace(noisy, send_call=call))
+        tg = b.build(strategy)
+        tl = simulate(tg)
+        runs.append((mean_waits(b, tg, tl), tg, tl))
+    (plain, _, plain_tl), (priced, tg, tl) = runs
+    same = [w for w in priced if w[0] == 0 and [p for p in tg.preds(w) if len(p) == 7 and p[-1] == -6]
+            and all(tl.end[(0, w[1], -1, d, 0)] == pytest.approx(plain_tl.end[(0, w[1], -1, d, 0)], abs=1e-12)
+                    for d in (0, 1))]
+    assert same                                      # a two-way exchange both reach as before
+    for w in same:
+        assert priced[w] > 0 and priced[w] == pytest.approx(plain[w], rel=1e-9, abs=1e-12)
 
 
 def test_the_optimizer_steps_after_every_bucket_of_its_rank():
