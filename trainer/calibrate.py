@@ -1529,10 +1529,11 @@ def fit_exchange_latency(cal: RuntimeCalibration, world: int, cfg: "Settings",
 
 
 def summary(cal: RuntimeCalibration) -> dict[str, Any]:
-    """The numbers `autopar profile` prints: p2p at 4 B and 1 MiB (and one way at 1 MiB), all-reduce
-    at 1 MiB among all ranks, the overheads (microseconds; ``bwd_call_us``: an unfused op's own backward call;
-    posting a receive; issuing a 4 MiB all-reduce), the optimizer coefficients and the staging of
-    a 1 MiB message, and the arrival noise (the standard deviation ``jitter`` gives a program over
+    """The numbers `autopar profile` prints: p2p at 4 B and 1 MiB (and one way at 1 MiB, with its
+    sender's own call at 64 KiB where measured), all-reduce at 1 MiB among all ranks, the
+    overheads (microseconds; ``bwd_call_us``: an unfused op's own backward call; posting a
+    receive; issuing a 4 MiB all-reduce), the optimizer coefficients and the staging of a 1 MiB
+    message, and the arrival noise (the standard deviation ``jitter`` gives a program over
     1 ms, and those of the noise curves at 64 KiB; None where not measured)."""
     us = 1e6
     return {"world": cal.world, "source": cal.source,
