@@ -1,4 +1,5 @@
-"""`autopar profile`: measure op times on this machine into the profile cache, the runtime
+"""`autopar profile`: measure op times on this machine into the profile cache (on the CPU twice:
+with the core's L2 evicted before every call, and with the last-level cache evicted), the runtime
 calibration of ``local:N`` (`autopar.trainer.calibrate`) the first time, or with --recalibrate,
 and the runtime's own work per op in the model's own steps (`ensure_model_overheads`)."""
 
@@ -42,9 +43,16 @@ def run_profile(args) -> int:
     report = profile_local([args.model], workers=workers, options=parse_options(args.model_opt), cache=cache,
                            repeats=args.repeats, warmup=args.warmup, max_tasks=args.max_tasks, device=device,
                            progress=progress, rounds=args.rounds)
+    cold = None
+    if device.type == "cpu":    # the same tasks with the last-level cache evicted (planner.sim.reuse)
+        cold = profile_local([args.model], workers=workers, options=parse_options(args.model_opt), cache=cache,
+                             repeats=args.repeats, warmup=args.warmup, max_tasks=args.max_tasks, device=device,
+                             progress=progress, rounds=args.rounds, cache_level="llc", cold_keys=True)
     if last[0]:
         print(file=sys.stderr)
     doc = report.to_dict()
+    if cold is not None:
+        doc["cold"] = cold.to_dict()
     doc["cache"] = str(path)
     doc["calibration"] = _calibration(args, cache, workers, device.type)
     doc["overheads"] = _overheads(args, cache, workers, device.type)
@@ -53,6 +61,9 @@ def run_profile(args) -> int:
         return 0
     print(f"profiled {args.model} for local:{workers} on {report.device_kind}: {len(report.measured)} task shapes "
           f"measured, {report.cached} already cached, {len(report.skipped)} skipped, in {report.seconds:.1f} s")
+    if cold is not None:
+        print(f"  and with the last-level cache evicted: {len(cold.measured)} measured, {cold.cached} already cached, "
+              f"in {cold.seconds:.1f} s")
     for op, degrees, reason in report.skipped[:10]:
         print(f"  skipped {op} {list(degrees)}: {reason}")
     if report.remaining:

@@ -173,12 +173,18 @@ def profile(prepared: Prepared, cache, *, recalibrate: bool = False, repeats: in
     report = profile_local([prepared.job.spec.model.name], workers=prepared.world, options=prepared.options,
                            cache=cache, repeats=repeats, warmup=warmup, device=torch.device("cpu"),
                            progress=(lambda _m, i, n, op: on_task(i, n, op)) if on_task else None)
+    # the same tasks with the last-level cache evicted: each op is priced between the two (planner.sim.reuse)
+    cold = profile_local([prepared.job.spec.model.name], workers=prepared.world, options=prepared.options,
+                         cache=cache, repeats=repeats, warmup=warmup, device=torch.device("cpu"),
+                         progress=(lambda _m, i, n, op: on_task(i, n, op)) if on_task else None,
+                         cache_level="llc", cold_keys=True)
     calibration = ensure_calibration(cache, prepared.world, recalibrate=recalibrate, progress=on_message)
     from autopar.trainer.calibrate import ensure_model_overheads
     overheads = ensure_model_overheads(cache, prepared.job.spec.model.name, prepared.options, prepared.world,
                                        remeasure=recalibrate, progress=on_message,
                                        fingerprint=prepared.graph.fingerprint)
     return {"measured": len(report.measured), "cached": report.cached, "skipped": len(report.skipped),
+            "measured_cold": len(cold.measured),
             "device": report.device_kind, "seconds": round(time.perf_counter() - t0, 1),
             "calibration": calibration, "overheads": overheads}
 

@@ -12,11 +12,14 @@ overheads, point-to-point and all-reduce times under load, the optimizer), as `a
 --topology local:2` does.  Then, for each model — three zoo models and a user's own
 (``examples/models/tagger.py``, loaded as ``tagger:tagger``, the way a user names theirs):
 
-1. its op costs are measured on this machine into a private profile cache (`autopar profile`);
+1. its op costs are measured on this machine into a private profile cache (`autopar profile`),
+   with the core's L2 evicted before every call and again with the last-level cache evicted;
 2. the strategies are data parallelism, model parallelism, the expert strategy (where the model
    has one), OptCNN's, the plan `autopar plan` finds with that profile (MCMC from several
    starts) and random valid plans — at least six;
-3. each is simulated on ``local:2`` with that cost model (what `autopar plan` believes), and
+3. each is simulated on ``local:2`` with that cost model (what `autopar plan` reports: each op
+   task priced between its two profiles by what the ranks' shared cache holds of its data in the
+   step, `planner.sim.reuse`), and
 4. trained on 2 gloo ranks of one thread each for `warmup` + `steps` steps.  All strategies of a
    model train inside the same two processes, in blocks of consecutive steps taken in turn
    (`_measure`), so they see the same machine load and each step runs as in a user's run; a
@@ -505,9 +508,9 @@ def _diagnose(model: str, options: dict[str, Any], graph, topology, runtime, pla
     ``compute_cache_share``."""
     from autopar.planner.cost import CostModel
     from autopar.planner.sim import TaskGraphBuilder
-    llc = _profile_again(model, options, graph, runtime, folder, "llc", cfg, log, level="llc")
+    llc = _profile_again(model, options, graph, runtime, folder, LLC, cfg, log, level="llc")
     out = {}
-    for tag, cache in (("after_steps", after), ("llc", llc)):
+    for tag, cache in (("after_steps", after), (LLC, llc)):
         builder = TaskGraphBuilder(graph, topology, CostModel(cache).bind(graph), _OPT.name)
         out[tag] = {name: simulate_parts(builder, s) for name, s in plans.items()}
     return out
@@ -611,6 +614,8 @@ def cache_share_held_out(rows: list[dict[str, Any]], fit_models: int = 2) -> dic
 
 #: The times `_measure` takes between the blocks, kept as ``<model>-<DURING_STEPS>.json``.
 DURING_STEPS = "during_steps"
+#: The diagnosis's profile with the last-level cache evicted, kept as ``<model>-<LLC>.json``.
+LLC = "llc"
 #: The op times the rows' simulated steps were priced with (``row_profile`` in the JSON), as
 #: `trainer.rescore` replays them: ``"search"``, the profile the search used (``profile.json``);
 #: ``"during_steps"``, the ops timed between the steps' blocks (``<model>-during_steps.json``),
@@ -716,6 +721,12 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
             report = profile_local([model], workers=WORLD, options=options, cache=cache,
                                    repeats=cfg["profile_repeats"], warmup=2)
             log(f"  profiled {len(report.measured)} task shapes in {time.perf_counter() - t0:.0f} s")
+            t0 = time.perf_counter()
+            report = profile_local([model], workers=WORLD, options=options, cache=cache,
+                                   repeats=cfg["profile_repeats"], warmup=2, cache_level="llc", cold_keys=True)
+            log(f"  profiled {len(report.measured)} task shapes with the last-level cache evicted (the rows price "
+                f"each op between the two by what the shared cache holds: planner.sim.reuse) in "
+                f"{time.perf_counter() - t0:.0f} s")
             own = ensure_model_overheads(cache, model, options, WORLD, remeasure=bool(cfg.get("recalibrate")),
                                          quick=bool(cfg.get("quick_calibration")), fingerprint=graph.fingerprint)
             overheads[graph.name] = {k: own[k] for k in ("fwd_task_us", "bwd_task_us", "exchange_call_us") if k in own}
@@ -782,6 +793,7 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
     from .calibrate import summary
     doc = {"world_size": WORLD, "backend": "gloo", "threads_per_rank": 1, "quick": quick,
            "calibration": summary(calibration),
+           "last_level_cache_bytes": calibration.shared_cache_bytes,
            "model_overheads": overheads,
            "warmup_steps": cfg["warmup"], "measured_steps": cfg["steps"], "search_budget_s": cfg["search_budget_s"],
            "models": [{"model": m, "options": o} for m, o in models], "rows": rows, **totals(rows),

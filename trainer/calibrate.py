@@ -925,6 +925,14 @@ def calibration_target(world: int, device: str = "cpu") -> tuple[str, str]:
     return device_kind_of(torch.device("cuda", 0)), GPU_BACKEND   # pragma: no cover - needs a GPU
 
 
+def shared_cache_bytes() -> int | None:
+    """The size of the last-level cache this machine's cores share (sysfs), or None where Linux
+    does not tell it (`RuntimeCalibration.shared_cache_bytes`)."""
+    from autopar.planner.cost import last_level_cache_bytes
+    from autopar.planner.cost.profiler import CPU_CACHE_SYSFS
+    return last_level_cache_bytes() if any(CPU_CACHE_SYSFS.glob("index*")) else None
+
+
 def calibrate(world: int, *, quick: bool = False, progress: Callable[[str], None] | None = None,
               device: str = "cpu") -> RuntimeCalibration:
     """Measure the `RuntimeCalibration` of `world` local ranks (module docstring): gloo ranks on
@@ -1036,7 +1044,8 @@ def calibrate(world: int, *, quick: bool = False, progress: Callable[[str], None
                              exchange_s=exchange_s, p2p=p2p, allreduce=tuple(allreduce),
                              optimizer=tuple(optimizer),
                              comm_uses_cores=not gpu and usable_cores() < 2 * world, issue=issue,
-                             source="measured", wire=wire, draw=draw, details=())
+                             source="measured", wire=wire, draw=draw, details=(),
+                             shared_cache_bytes=None if gpu else shared_cache_bytes())
 
     # 6. and 8.
     if world >= 2 and gpu:  # pragma: no cover - needs GPUs

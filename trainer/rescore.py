@@ -36,7 +36,7 @@ from typing import Any, Callable
 
 from autopar.planner.errors import AutoparError
 
-from .accuracy import (_EXAMPLES, _OPT, DURING_STEPS, PROFILE, RESULT, ROW_PROFILES, WORLD, KeptRunError,
+from .accuracy import (_EXAMPLES, _OPT, DURING_STEPS, LLC, PROFILE, RESULT, ROW_PROFILES, WORLD, KeptRunError,
                        keep_folder, record, totals)
 
 
@@ -94,6 +94,34 @@ def _row_costs(folder: Path, doc: dict[str, Any], cache: Any, model: str) -> Any
     return costs
 
 
+def _cold_costs(folder: Path, costs: Any, model: str) -> Any:
+    """The op times measured with the last-level cache evicted that a kept row is priced with
+    besides its own (`planner.sim.reuse`): those of its profile (since the twenty-eighth round the
+    benchmark measures them before the steps), or else the diagnosis's, taken right after the
+    model's steps; None where neither is there."""
+    from autopar.planner.cost import CostModel, ProfileCache
+    from autopar.planner.errors import CostModelError
+    if CostModel(costs).has_cold:
+        return None
+    path = folder / f"{model}-{LLC}.json"
+    if not path.is_file():
+        return None
+    try:
+        return ProfileCache.load(path, keep_stale=True)
+    except CostModelError as e:
+        raise KeptRunError(f"{folder}: {path.name} cannot be read by this autopar ({e}); keep a new run") from e
+
+
+def _kept_runtime(doc: dict[str, Any], runtime: Any) -> Any:
+    """The kept run's runtime calibration, with the size of the machine's shared cache that its
+    JSON records (``last_level_cache_bytes``) where the calibration itself predates it."""
+    from dataclasses import replace
+    llc = doc.get("last_level_cache_bytes")
+    if runtime is None or runtime.shared_cache_bytes or not llc:
+        return runtime
+    return replace(runtime, shared_cache_bytes=int(llc))
+
+
 def rescore_run(folder: str | os.PathLike, log: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
     """One kept run's rows simulated again from its profile with the code as it is now: per row
     the recorded and the new simulated step and error, and both sides' totals
@@ -117,7 +145,9 @@ def rescore_run(folder: str | os.PathLike, log: Callable[[str], None] = lambda _
             spec = with_dtype(load_model(m["model"], **m["options"]), None)
             graph = import_spec(spec)
             costs = _row_costs(folder, doc, cache, graph.name)
-            by_name[graph.name] = (graph, TaskGraphBuilder(graph, topology, CostModel(costs).bind(graph), _OPT.name))
+            cost = CostModel(costs, cold=_cold_costs(folder, costs, graph.name)).bind(graph)
+            runtime = _kept_runtime(doc, TaskGraphBuilder(graph, topology, cost, _OPT.name).runtime)
+            by_name[graph.name] = (graph, TaskGraphBuilder(graph, topology, cost, _OPT.name, runtime=runtime))
         for r in doc["rows"]:
             if r["model"] not in by_name:
                 raise KeptRunError(f"{folder / RESULT}: row {r['model']}/{r['strategy']} names a model the run's "

@@ -55,6 +55,11 @@ keeps it beside the op times.  The simulator reads it when it models the trainer
   one core here: an AlexNet batch of 32 images of 3 x 63 x 63 took 2.2 ms of every step, on every
   rank.  A GPU rank draws on its device.  Training on a dataset file (``--data``) indexes the
   batch instead, a copy of the same elements, which the simulator still prices as a draw.
+* **The shared cache** (``shared_cache_bytes``) — the size of the last-level cache the ranks'
+  cores share, read from the operating system where the ranks run (sysfs); the simulator prices
+  each op between its profile with the L2 evicted and its profile with the last-level cache
+  evicted by how much of its data that cache still holds in the step (`planner.sim.reuse`).
+  None on GPUs and where it is not known.
 * **Arrival noise** (``jitter``, ``latency_var``, ``leave_var``) — how much the moment a rank
   reaches an exchange varies from step to step: the variance (s^2) the offset between two ranks'
   programs gains per second each of them runs since they last met; the variance of a one-way
@@ -181,8 +186,9 @@ class Curve:
 #: in-situ chains' batches, taken in turn in every repetition, not one after another
 #: (`autopar.trainer.calibrate._interleaved`).  11: one-way messages at the median latency per
 #: size, not the mean (`autopar.trainer.calibrate.in_step_curve`).  12: the sender's own call of a
-#: one-way message (``send_call``, `autopar.trainer.calibrate.send_calls`).
-CALIBRATION_METHOD = 12
+#: one-way message (``send_call``, `autopar.trainer.calibrate.send_calls`).  13: the size of the
+#: last-level cache the ranks share (``shared_cache_bytes``, `planner.sim.reuse`).
+CALIBRATION_METHOD = 13
 
 
 @dataclass(frozen=True)
@@ -212,6 +218,7 @@ class RuntimeCalibration:
     jitter: float = 0.0                            # variance (s^2) a rank's program gains per second
     latency_var: Curve | None = None               # variance (s^2) of a one-way message's latency, by bytes
     leave_var: Curve | None = None                 # variance (s^2) of two ranks' offset leaving an exchange
+    shared_cache_bytes: int | None = None          # the last-level cache the ranks share (`planner.sim.reuse`)
     method: int = CALIBRATION_METHOD               # how it was measured (`CALIBRATION_METHOD`)
     details: tuple[tuple[str, Any], ...] = field(default=(), compare=False)
     # An exchange call that moves nothing between ranks, forward and backward, in one model's own
@@ -310,6 +317,7 @@ class RuntimeCalibration:
                 "jitter": self.jitter,
                 **({"latency_var": self.latency_var.to_json()} if self.latency_var is not None else {}),
                 **({"leave_var": self.leave_var.to_json()} if self.leave_var is not None else {}),
+                **({"shared_cache_bytes": self.shared_cache_bytes} if self.shared_cache_bytes is not None else {}),
                 "source": self.source, "details": dict(self.details)}
 
     @classmethod
@@ -335,6 +343,7 @@ class RuntimeCalibration:
                        jitter=float(doc.get("jitter", 0.0)),
                        latency_var=Curve.from_json(doc["latency_var"]) if doc.get("latency_var") else None,
                        leave_var=Curve.from_json(doc["leave_var"]) if doc.get("leave_var") else None,
+                       shared_cache_bytes=int(doc["shared_cache_bytes"]) if doc.get("shared_cache_bytes") else None,
                        details=tuple(sorted(dict(doc.get("details") or {}).items())))
         except (KeyError, TypeError, ValueError) as e:
             raise CostModelError(f"runtime calibration {doc.get('product', '?')}/{doc.get('backend', '?')}: "

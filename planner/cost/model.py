@@ -31,7 +31,7 @@ from typing import Mapping
 from ..errors import CostModelError
 from ..hardware.topology import Device
 from ..ir.graph import DTYPE_BYTES, Op, OperatorGraph
-from .profile_cache import ProfileCache, attrs_text, key_of_shapes, op_dtype, task_shapes
+from .profile_cache import COLD_SUFFIX, ProfileCache, attrs_text, cold_kind, key_of_shapes, op_dtype, task_shapes
 
 __all__ = ["AnalyticModel", "CostModel", "Estimate", "KindClass", "graph_input_shapes", "kind_class"]
 
@@ -342,9 +342,16 @@ def graph_input_shapes(graph: OperatorGraph, op: Op) -> Shapes:
 class CostModel:
     """Per-task forward/backward times: profile cache first, roofline fallback (module doc)."""
 
-    def __init__(self, cache: ProfileCache | None = None, *, analytic: AnalyticModel | None = None):
+    def __init__(self, cache: ProfileCache | None = None, *, analytic: AnalyticModel | None = None,
+                 cold: ProfileCache | None = None):
+        """`cold`: op times measured with the last-level cache evicted, under the ordinary device
+        products, where they are not in `cache` itself under `cold_kind` products (a kept
+        benchmark run's diagnosis profile); see `cold_cost`."""
         self.cache = cache
+        self.cold = cold
         self.analytic = analytic if analytic is not None else AnalyticModel()
+        self._cold_memo: dict[tuple, Estimate | None] = {}
+        self._has_cold: bool | None = None
         self._memo: dict[tuple, tuple[Op, Estimate]] = {}
         self._counts = {"profile": 0, "analytic": 0}
         self._bound: dict[int, tuple[Op, Shapes]] = {}
@@ -399,6 +406,32 @@ class CostModel:
         if not kind_class(op.kind)[1]:
             self._unknown.add(op.kind)
         return self.analytic.estimate(op, degrees, device, shapes, shards)
+
+    def cold_cost(self, op: Op, degrees: tuple[int, ...], device: Device,
+                  input_shapes: Shapes | None = None) -> Estimate | None:
+        """The task's forward and backward seconds measured with the last-level cache evicted
+        before every call (``autopar profile`` on the CPU measures both), or None where they were
+        not measured; `planner.sim.reuse` prices a step's tasks between the two."""
+        key = (id(op), tuple(degrees), device.product, input_shapes)
+        if key in self._cold_memo:
+            return self._cold_memo[key]
+        shards = task_shapes(op, tuple(degrees), self._shapes(op, input_shapes))
+        found = None
+        if self.cold is not None:
+            found = self.cold.get(key_of_shapes(op, device.product, shards))
+        if found is None and self.cache is not None:
+            found = self.cache.get(key_of_shapes(op, cold_kind(device.product), shards))
+        est = None if found is None else Estimate(found[0], found[1], "profile")
+        self._cold_memo[key] = est
+        return est
+
+    @property
+    def has_cold(self) -> bool:
+        """Whether any op time measured with the last-level cache evicted is there (`cold_cost`)."""
+        if self._has_cold is None:
+            self._has_cold = bool(self.cold is not None and len(self.cold)) or (
+                self.cache is not None and any(COLD_SUFFIX in k.split("|", 1)[0] for k in self.cache))
+        return self._has_cold
 
     def update_time(self, param_bytes: float, device: Device, optimizer: str | None = None) -> float:
         """Seconds of one optimizer step on a parameter shard of `param_bytes` bytes (memory-bound)."""

@@ -170,6 +170,17 @@ def _attrs_text(op: Op) -> str:
     return json.dumps(kept, sort_keys=True, separators=(",", ":")) if kept else ""
 
 
+#: What the device product of a key gets for op times measured with the last-level cache evicted
+#: before every call (`planner.cost.profile_local(..., cache_level="llc", cold_keys=True)`), kept
+#: beside the ordinary ones in the same cache (`CostModel.cold_cost`).
+COLD_SUFFIX = " (last level cold)"
+
+
+def cold_kind(device_kind: str) -> str:
+    """The device product under which a cache keeps `device_kind`'s op times measured cold."""
+    return device_kind if device_kind.endswith(COLD_SUFFIX) else device_kind + COLD_SUFFIX
+
+
 def task_key(op: Op, degrees: Sequence[int], device_kind: str, input_shapes: Sequence[Sequence[int]]) -> str:
     """The cache key of one task of `op` split by `degrees`, on a device of product `device_kind`.
 

@@ -82,7 +82,7 @@ from ..errors import CostModelError, TopologyError
 from ..hardware.catalog import LOCAL_CPU, lookup
 from ..ir.graph import Op, OperatorGraph
 from .model import graph_input_shapes
-from .profile_cache import ProfileCache, representative_ranges, task_key, task_shapes
+from .profile_cache import ProfileCache, cold_kind, representative_ranges, task_key, task_shapes
 
 ForwardTask = Callable[[Op, dict, list, list], Any]
 
@@ -950,7 +950,8 @@ def profile_local(models: Sequence[str], *, workers: int = 2, options: Mapping[s
                   cache: ProfileCache | None = None, repeats: int = 10, warmup: int = 3, budget: float | None = 2.0,
                   max_tasks: int | None = None, device: torch.device | None = None,
                   progress: Callable[[str, int, int, str], None] | None = None,
-                  concurrent: bool | None = None, rounds: int = ROUNDS, cache_level: str = "l2") -> ProfileReport:
+                  concurrent: bool | None = None, rounds: int = ROUNDS, cache_level: str = "l2",
+                  cold_keys: bool = False) -> ProfileReport:
     """`autopar profile`: measure what a plan for the ``local:<workers>`` preset can use.
 
     For every model (a zoo name or ``package.module:factory``, built with `options` — use the
@@ -969,8 +970,11 @@ def profile_local(models: Sequence[str], *, workers: int = 2, options: Mapping[s
     models.  `progress(model, i, n, op)` is called per task and pass, in this process.  Every task
     is measured in `rounds` passes over all of them, and the median of the passes is kept
     (`ROUNDS`).  `cache_level` is the caches left cold before each timed call (`cache_evictor`):
-    the default ``"l2"`` is what the cost model is built on; ``"llc"`` is for diagnosis and
-    belongs in a cache of its own.
+    the default ``"l2"`` is what the cost model is built on.  ``"llc"`` with `cold_keys` stores the
+    times under `cold_kind` products beside the ordinary ones, where `CostModel.cold_cost` finds
+    them (`planner.sim.reuse` prices a step's tasks between the two; `autopar profile` measures
+    both on the CPU); ``"llc"`` without it stores them under the ordinary products, for a cache of
+    their own (the accuracy benchmark's diagnosis).
     """
     from ..hardware.presets import get_preset
     from ..ir.fx_import import import_spec
@@ -985,6 +989,11 @@ def profile_local(models: Sequence[str], *, workers: int = 2, options: Mapping[s
     elif concurrent and device.type != "cpu":
         raise CostModelError(f"concurrent profiling runs CPU worker processes; measure {device} with concurrent=False")
     kind = get_preset(f"local:{workers}").devices[0].product if device.type == "cpu" else device_kind_of(device)
+    if cold_keys:
+        if cache_level != "llc":
+            raise CostModelError(f"cold_keys stores times measured with the last-level cache evicted; "
+                                 f"pass cache_level='llc', not {cache_level!r}")
+        kind = cold_kind(kind)
     cache = cache if cache is not None else ProfileCache.load()
     total = ProfileReport(kind)
     threads = torch.get_num_threads()

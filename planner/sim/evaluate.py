@@ -4,7 +4,9 @@
 graph of `taskgraph`, timed by `simulator`, with the peak memory of `memory`.  It sits above all
 three, so that peak memory can read the builder's holdings and transfers without the builder
 depending on it.  Where the builder models the trainer with a calibration that measured how the
-ranks' arrivals vary, each wait is then priced at its mean (`waits`).
+ranks' arrivals vary, each wait is then priced at its mean (`waits`); where the ops were also
+profiled with the last-level cache evicted, each op at what the ranks' shared cache holds of its
+data in the step (`reuse`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 
 from ..errors import StrategyError
 from ..ir.strategy import Strategy
+from . import reuse
 from .memory import peak_memory
 from .simulator import TaskGraph, Timeline, simulate
 from .taskgraph import TaskGraphBuilder
@@ -33,12 +36,22 @@ class SimulationResult:
 
 def simulate_strategy(builder: TaskGraphBuilder, strategy: Strategy) -> tuple[SimulationResult, Timeline, TaskGraph]:
     """Full simulation (Algorithm 1): build the task graph and time it from scratch; with the
-    trainer's arrival noise calibrated, every wait at its mean (`waits.with_mean_waits`)."""
+    trainer's arrival noise calibrated, every wait at its mean (`waits.with_mean_waits`); where the
+    ops were profiled cold too and the calibration knows the ranks' shared cache, each op task
+    priced by what that cache holds in the step simulated, and the step simulated again with them
+    (`reuse`)."""
+    tg, tl = _timed(builder, strategy)
+    if reuse.applies(builder):
+        tg, tl = _timed(reuse.in_cache_builder(builder, strategy, tg, tl), strategy)
+    return summarize(builder, strategy, tg, tl, peak_memory(builder, strategy)), tl, tg
+
+
+def _timed(builder: TaskGraphBuilder, strategy: Strategy) -> tuple[TaskGraph, Timeline]:
     tg = builder.build(strategy)
     tl = simulate(tg)
     if has_arrival_noise(builder):
         tl = with_mean_waits(builder, tg, tl, simulate)
-    return summarize(builder, strategy, tg, tl, peak_memory(builder, strategy)), tl, tg
+    return tg, tl
 
 
 def summarize(builder: TaskGraphBuilder, strategy: Strategy, tg: TaskGraph, tl: Timeline,

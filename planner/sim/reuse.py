@@ -1,0 +1,234 @@
+"""How much of an op's data the shared cache still holds when a step runs it.
+
+A profile times each op task over and over on the same tensors.  `autopar profile` leaves the
+core's own L2 cold before every call, so the task finds its data in the last-level cache, where
+its previous call left it: a *warm* price.  The benchmark's diagnosis also profiles every task with
+the last-level cache evicted: a *cold* price, the data from memory.  A real step lies in between,
+and where depends on the plan: between two uses of an op's weights, or between the forward pass
+that saved an activation and the backward pass that reads it, both ranks touch other tensors, and
+on the 2-vCPU AMD VM the 32 MiB last-level cache they share (with other guests) holds what was
+used a few MiB of other data ago and not what was used a whole step ago (docs/simulation.md,
+"Twenty-eighth round": the benchmark's profile with the last-level cache evicted put alexnet's,
+the tagger's and the transformer's rows within a few per cent on average over ten kept runs, where
+the L2 profile had them 4-13 % fast, and rnnlm's, whose cells reuse their weights every few
+hundred microseconds, 14-34 % slow).
+
+This module prices each compute task between its two profiles by that reuse.  Mattson et al.'s
+stack distance ("Evaluation techniques for storage hierarchies", 1970) gives, for each read, the
+distinct bytes touched since the tensor's last use; here it is counted over both ranks' tensors in
+the order the simulated step touches them, since the ranks share the cache:
+
+* a task reads its inputs and its parameter shards when it starts, and a backward task also the
+  gradient of its outputs; a forward task writes its outputs when it ends, a backward task its
+  parameters' gradients; the optimizer step reads and writes every parameter its rank holds, its
+  gradient and its momentum;
+* an input that arrives from another rank, and an output's gradient, are fresh: the runtime
+  wrote them just before (they count as held);
+* the step repeats, so a tensor first read in a step was last touched in the step before: the
+  distances are taken over two steps back to back, the second one's reads.
+
+A read whose stack distance is ``D`` finds its tensor in the cache with probability
+``exp(-D / C)``, ``C`` the last-level cache's size (a cache that replaces at random, as a
+victim cache shared with other tenants roughly does); a task's cold share ``f`` is the
+byte-weighted miss probability of its reads, and its time ``warm + f (cold - warm)``, separately
+for the forward and the backward task.
+
+It needs a first simulation, for the order of the touches, and a second with the repriced tasks;
+the search's own simulations (MCMC, delta simulation) keep the warm profile.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Mapping
+
+from ..cost import CostModel, Estimate
+from ..cost.profile_cache import task_shapes
+from ..ir.graph import DTYPE_BYTES
+from ..ir.strategy import Strategy
+from .simulator import TaskGraph, Timeline
+from .taskgraph import OPTIMIZER_STATES
+from .trainer_model import optimizer_step
+
+__all__ = ["CacheShares", "InCacheCost", "applies", "cache_shares", "in_cache_builder", "read_misses"]
+
+@dataclass(frozen=True)
+class CacheShares:
+    """Per (op name, device id): the cold share of its forward and of its backward task."""
+
+    shares: Mapping[tuple[str, int], tuple[float, float]]
+    capacity: int
+
+    def of(self, op: str, device: int) -> tuple[float, float]:
+        return self.shares.get((op, device), (0.0, 0.0))
+
+
+class _Fenwick:
+    """Prefix sums over touch positions (the bytes of the tensors whose last touch is there)."""
+
+    def __init__(self, n: int):
+        self.t = [0.0] * (n + 1)
+
+    def add(self, i: int, v: float) -> None:
+        i += 1
+        while i < len(self.t):
+            self.t[i] += v
+            i += i & -i
+
+    def prefix(self, i: int) -> float:
+        """Sum over positions < i."""
+        s = 0.0
+        while i > 0:
+            s += self.t[i]
+            i -= i & -i
+        return s
+
+
+def _nbytes(shape, dtype: str) -> float:
+    n = 1
+    for s in shape:
+        n *= s
+    return float(n * DTYPE_BYTES.get(dtype, 4))
+
+
+def _touches(builder, strategy: Strategy, tg: TaskGraph, tl: Timeline) -> list[tuple[float, int, tuple, float, tuple | None]]:
+    """Every touch of the step: (time, order, tensor, bytes, reader or None for a write, or for a
+    fresh read).  A reader is (op name, 0 forward / 1 backward, device)."""
+    g = builder.graph
+    n = len(g.ops)
+    out: list = []
+    held: dict[int, dict[str, float]] = {}
+    for d in range(builder.num_devices):
+        for key, s, e in tl.spans(d):
+            info = tg.task(key)
+            if info.kind not in ("forward", "backward") or len(key) != 4 or key[2] != 0:
+                continue
+            fwd = info.kind == "forward"
+            i = key[1] if fwd else n - key[1]
+            op = g.ops[i]
+            cfg = strategy[op.name]
+            ins, outs, pars = task_shapes(op, cfg.degrees, builder._in_shapes[op.name])
+            who = (op.name, 0 if fwd else 1, d)
+            for j, ref in enumerate(op.inputs):
+                spec = g[ref.op].outputs[ref.index]
+                here = d in strategy[ref.op].devices
+                # an input received from another rank was unpacked just before: fresh
+                out.append((s, len(out), ("a", ref.op, ref.index, d), _nbytes(ins[j], spec.dtype), who if here else None))
+                if not here:
+                    out.append((s, len(out), ("fresh", who), _nbytes(ins[j], spec.dtype), who))
+            for j, p in enumerate(op.params):
+                b = _nbytes(pars[j], p.dtype)
+                out.append((s, len(out), ("p", p.name, d), b, who))
+                mine = held.setdefault(d, {})
+                mine[p.name] = max(mine.get(p.name, 0.0), b)
+                if not fwd:
+                    out.append((e, len(out), ("g", p.name, d), b, None))
+            if fwd:
+                for k, o in enumerate(outs):
+                    out.append((e, len(out), ("a", op.name, k, d), _nbytes(o, op.outputs[k].dtype), None))
+            else:
+                for k, o in enumerate(outs):     # the gradient of its outputs: just computed
+                    out.append((s, len(out), ("fresh", who), _nbytes(o, op.outputs[k].dtype), who))
+    # the parameter, its gradient and the optimizer's states (`OPTIMIZER_STATES`: sgd's momentum)
+    kinds = ("p", "g") + tuple(f"s{k}" for k in range(OPTIMIZER_STATES.get(builder.optimizer, 0)))
+    for d, params in held.items():
+        k = optimizer_step(d)
+        if k not in tl.start:
+            continue
+        s = tl.start[k]
+        for name, b in params.items():
+            for kind in kinds:
+                out.append((s, len(out), (kind, name, d), b, None))
+    return out
+
+
+def cache_shares(builder, strategy: Strategy, tg: TaskGraph, tl: Timeline, capacity: int) -> CacheShares:
+    """Each compute task's cold share on the simulated step `tl` of `strategy` (module docstring),
+    with a shared cache of `capacity` bytes."""
+    missed = read_misses(_touches(builder, strategy, tg, tl), tl.makespan, capacity)
+    shares: dict[tuple[str, int], list[float]] = {}
+    for (name, phase, d), (miss, total) in missed.items():
+        shares.setdefault((name, d), [0.0, 0.0])[phase] = miss / total if total else 0.0
+    return CacheShares({k: (v[0], v[1]) for k, v in shares.items()}, capacity)
+
+
+def read_misses(touches, period: float, capacity: float) -> dict[tuple, tuple[float, float]]:
+    """Per reader, (expected bytes missed, bytes read) over one step in steady state.
+
+    `touches`: (time, order, tensor, bytes, reader) of one step, `reader` None for a write (see
+    `_touches`); a tensor named ``("fresh", ...)`` is read where it was just written and always
+    hits.  A read misses with probability ``1 - exp(-D / capacity)``, ``D`` the distinct bytes
+    touched since the tensor's last touch (its stack distance), found with a Fenwick tree over the
+    touches' positions holding each tensor's bytes at its last touch.  The step is laid twice end
+    to end, `period` apart, and the second one's reads are counted."""
+    one = sorted(touches, key=lambda x: (x[0], x[1]))
+    seq = one + [(t + period, o, tensor, b, who) for t, o, tensor, b, who in one]
+    tree = _Fenwick(len(seq))
+    last: dict[tuple, tuple[int, float]] = {}       # tensor -> (position of its last touch, its bytes there)
+    acc: dict[tuple, list[float]] = {}
+    for pos, (_, _, tensor, b, who) in enumerate(seq):
+        fresh = tensor[0] == "fresh"
+        prev = None if fresh else last.get(tensor)
+        if who is not None and pos >= len(one):
+            miss = 0.0
+            if prev is not None:
+                distance = tree.prefix(pos) - tree.prefix(prev[0] + 1)
+                miss = 1.0 - math.exp(-distance / capacity)
+            a = acc.setdefault(who, [0.0, 0.0])
+            a[0] += b * miss
+            a[1] += b
+        if fresh:
+            continue
+        if prev is not None:
+            tree.add(prev[0], -prev[1])
+        tree.add(pos, b)
+        last[tensor] = (pos, b)
+    return {k: (v[0], v[1]) for k, v in acc.items()}
+
+
+class InCacheCost(CostModel):
+    """`warm`'s op times, each task priced between them and `warm.cold_cost` by its cold share."""
+
+    def __init__(self, warm: CostModel, shares: CacheShares):
+        super().__init__(warm.cache, analytic=warm.analytic, cold=warm.cold)
+        self.warm, self.shares = warm, shares
+
+    def task_cost(self, op, degrees, device, input_shapes=None) -> Estimate:
+        w = self.warm.task_cost(op, degrees, device, input_shapes)
+        if w.source != "profile":
+            return w
+        c = self.warm.cold_cost(op, degrees, device, input_shapes)
+        if c is None:
+            return w
+        ff, fb = self.shares.of(op.name, device.id)
+        return Estimate(w.forward + ff * (c.forward - w.forward), w.backward + fb * (c.backward - w.backward),
+                        w.source, w.host)
+
+    def update_time(self, param_bytes, device, optimizer=None) -> float:
+        return self.warm.update_time(param_bytes, device, optimizer)
+
+    def stats(self) -> dict[str, int]:
+        return self.warm.stats()
+
+    @property
+    def unknown_kinds(self) -> frozenset[str]:
+        return self.warm.unknown_kinds
+
+
+def applies(builder) -> bool:
+    """Whether `builder`'s steps are priced by what the shared cache holds: a CPU trainer whose
+    calibration knows the shared cache (`RuntimeCalibration.shared_cache_bytes`), with op times
+    measured cold too (`CostModel.has_cold`)."""
+    rt = getattr(builder, "runtime", None)
+    return (rt is not None and not rt.launches_async and bool(rt.shared_cache_bytes)
+            and not isinstance(builder.cost, InCacheCost) and builder.cost.has_cold)
+
+
+def in_cache_builder(builder, strategy: Strategy, tg: TaskGraph, tl: Timeline):
+    """A builder like `builder` whose op tasks are priced by what the shared cache holds in the
+    step `tl` of `strategy` (module docstring), the timeline `builder` simulated (`applies`)."""
+    shares = cache_shares(builder, strategy, tg, tl, builder.runtime.shared_cache_bytes)
+    cost = InCacheCost(builder.cost, shares).bind(builder.graph)
+    return type(builder)(builder.graph, builder.topology, cost, builder.optimizer, runtime=builder.runtime,
+                            bucket_bytes=builder.bucket_bytes)

@@ -1,0 +1,139 @@
+"""Each op task priced by what the ranks' shared cache holds of its data in the step
+(`planner.sim.reuse`): stack distances, the cold shares, and where `simulate_strategy` applies them."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+
+from autopar.planner.cost import CostModel, ProfileCache, cold_kind, task_key
+from autopar.planner.cost.calibration import RuntimeCalibration, default_calibration
+from autopar.planner.cost.model import graph_input_shapes
+from autopar.planner.hardware import get_preset
+from autopar.planner.ir import ParallelConfig, Strategy, data_parallel, model_parallel
+from autopar.planner.ir.strategy import degree_choices
+from autopar.planner.sim import TaskGraphBuilder, simulate_strategy
+from autopar.planner.sim.reuse import applies, cache_shares, read_misses
+
+from ..search._graphs import mlp, rnn
+
+MiB = 1 << 20
+
+
+def test_a_reads_stack_distance_counts_each_tensor_touched_since_once():
+    """A read of A after B was touched three times is B's bytes away, not three times them."""
+    a, b = ("p", "A", 0), ("p", "B", 0)
+    reader = ("op", 0, 0)
+    touches = [(0.0, 0, a, 1 * MiB, reader), (1.0, 1, b, 2 * MiB, None), (2.0, 2, b, 2 * MiB, None),
+               (3.0, 3, b, 2 * MiB, None), (4.0, 4, a, 1 * MiB, ("op", 1, 0))]
+    misses = read_misses(touches, 10.0, 4 * MiB)
+    missed, read = misses[("op", 1, 0)]
+    assert read == 1 * MiB
+    assert missed == pytest.approx(MiB * (1 - math.exp(-2 / 4)))
+    # the first read of the step: A was last read at the end of the step before, nothing since
+    assert misses[reader] == (0.0, MiB)
+
+
+def test_a_tensor_just_written_or_fresh_hits_and_a_bigger_cache_misses_less():
+    w, act = ("p", "W", 0), ("a", "x", 0, 0)
+    touches = [(0.0, 0, act, MiB, None), (0.5, 1, ("p", "other", 0), 8 * MiB, None),
+               (1.0, 2, act, MiB, ("f", 0, 0)), (1.0, 3, w, MiB, ("f", 0, 0)),
+               (2.0, 4, ("fresh", ("f", 1, 0)), MiB, ("f", 1, 0))]
+    small = read_misses(touches, 3.0, 2 * MiB)
+    big = read_misses(touches, 64 * MiB, 64 * MiB)
+    assert small[("f", 1, 0)] == (0.0, MiB)                      # fresh: always held
+    assert 0 < big[("f", 0, 0)][0] < small[("f", 0, 0)][0] < small[("f", 0, 0)][1]
+    assert small[("f", 0, 0)][1] == 2 * MiB
+
+
+def _profiled(g, topo, cold_over_warm: float, strategies) -> ProfileCache:
+    """A cache with every task of `strategies` at 1 ms forward and 2 ms backward, and its cold
+    times `cold_over_warm` times that, under the cold product."""
+    cache = ProfileCache()
+    product = topo.devices[0].product
+    for s in strategies:
+        for op in g.ops:
+            shapes = graph_input_shapes(g, op)
+            for degrees in {s[op.name].degrees} | set(degree_choices(op, topo.num_devices)):
+                cache.put(task_key(op, degrees, product, shapes), 1e-3, 2e-3)
+                cache.put(task_key(op, degrees, cold_kind(product), shapes), 1e-3 * cold_over_warm,
+                          2e-3 * cold_over_warm)
+    return cache
+
+
+def _builder(g, topo, cache, shared: int | None, **kw):
+    rt = replace(default_calibration(topo.devices[0].product, "gloo", topo.num_devices, cores=4),
+                 shared_cache_bytes=shared, jitter=0.0)
+    return TaskGraphBuilder(g, topo, CostModel(cache, **kw).bind(g), runtime=rt)
+
+
+def test_a_step_is_priced_between_its_warm_and_cold_profiles_by_the_shared_caches_size():
+    g, topo = rnn(steps=3), get_preset("local:2")
+    s = data_parallel(g, 2)
+    cache = _profiled(g, topo, 2.0, [s])
+    warm_only = ProfileCache({k: v for k, v in cache.items() if "(last level cold)" not in k})
+    plain = simulate_strategy(_builder(g, topo, warm_only, 1 << 10), s)[0].step_time
+    off = simulate_strategy(_builder(g, topo, cache, None), s)[0].step_time
+    tiny = simulate_strategy(_builder(g, topo, cache, 1), s)[0].step_time
+    huge = simulate_strategy(_builder(g, topo, cache, 1 << 50), s)[0].step_time
+    some = simulate_strategy(_builder(g, topo, cache, 4 << 10), s)[0].step_time
+    assert off == plain                           # no cache size known: the warm profile alone
+    assert huge == pytest.approx(plain, rel=1e-6)  # everything held
+    assert plain < some < tiny
+    # at most every task at its cold time (twice its warm one); what an op reads right after it was
+    # written, and an output's gradient, are still held
+    compute = 3e-3 * len([op for op in g.ops])
+    assert 0.25 * compute < tiny - plain < compute
+
+
+def test_a_separate_cold_cache_prices_as_the_cold_product_in_the_same_cache():
+    """A kept benchmark run's diagnosis profile (cold times under the ordinary product) gives the
+    same step as the same times kept beside the warm ones."""
+    g, topo = mlp(), get_preset("local:2")
+    s = model_parallel(g, 2)
+    cache = _profiled(g, topo, 1.5, [s])
+    product = topo.devices[0].product
+    warm = ProfileCache({k: v for k, v in cache.items() if not k.startswith(cold_kind(product))})
+    cold = ProfileCache({k.replace(cold_kind(product), product, 1): v for k, v in cache.items()
+                         if k.startswith(cold_kind(product))})
+    together = simulate_strategy(_builder(g, topo, cache, 2 << 10), s)[0].step_time
+    apart = simulate_strategy(_builder(g, topo, warm, 2 << 10, cold=cold), s)[0].step_time
+    assert together == apart
+    assert CostModel(warm).has_cold is False and CostModel(cache).has_cold and CostModel(warm, cold=cold).has_cold
+
+
+def test_an_input_received_from_another_rank_is_fresh():
+    """An op whose only input arrives from the other rank and which has no parameters reads
+    nothing the cache could have lost."""
+    g, topo = mlp(), get_preset("local:2")
+    one = data_parallel(g, 1)
+    s = Strategy.from_mapping(g, {**{op.name: one[op.name] for op in g.ops},
+                                  "relu": ParallelConfig(one["relu"].degrees, (1,))}, "moved")
+    cache = _profiled(g, topo, 2.0, [s])
+    b = _builder(g, topo, cache, 1)
+    _, tl, tg = simulate_strategy(TaskGraphBuilder(g, topo, CostModel(ProfileCache()).bind(g), runtime=b.runtime), s)
+    shares = cache_shares(b, s, tg, tl, 1)
+    received = [op for op in g.ops if op.inputs and not op.params
+                and all(s[op.name].devices[0] not in s[ref.op].devices for ref in op.inputs)]
+    assert received
+    for op in received:
+        assert shares.of(op.name, s[op.name].devices[0])[0] == 0.0
+    assert any(f > 0.5 for pair in shares.shares.values() for f in pair)
+
+
+def test_it_applies_to_cpu_ranks_with_a_known_shared_cache_and_cold_times_only():
+    g, topo = mlp(), get_preset("local:2")
+    cache = _profiled(g, topo, 2.0, [data_parallel(g, 2)])
+    assert applies(_builder(g, topo, cache, 32 * MiB))
+    assert not applies(_builder(g, topo, cache, None))
+    warm_only = ProfileCache({k: v for k, v in cache.items() if "(last level cold)" not in k})
+    assert not applies(_builder(g, topo, warm_only, 32 * MiB))
+    assert not applies(TaskGraphBuilder(g, get_preset("p100-1x4"), CostModel(cache).bind(g)))
+
+
+def test_the_shared_caches_size_goes_through_the_calibrations_json():
+    rt = replace(default_calibration("CPU-core", "gloo", 2), shared_cache_bytes=32 * MiB)
+    assert RuntimeCalibration.from_json(rt.to_json()).shared_cache_bytes == 32 * MiB
+    assert RuntimeCalibration.from_json(default_calibration("CPU-core", "gloo", 2).to_json()).shared_cache_bytes is None
