@@ -161,7 +161,10 @@ def _build_parser(command: str | None = None) -> argparse.ArgumentParser:
                         description="Run every distinct task of MODEL that a strategy on TOPOLOGY (a local:N "
                                     "topology) can produce on this machine's CPU (or GPU when present), with "
                                     "warm-up and the median of repeats, and store forward/backward times in "
-                                    "the profile cache the cost model reads.")
+                                    "the profile cache the cost model reads.  On the CPU each task is measured "
+                                    "with the core's L2 evicted before every call and again with the last-level "
+                                    "cache evicted; the simulator prices it between the two by what the cores' "
+                                    "shared cache holds of its data in the step.")
     add_model_args(pr)
     pr.add_argument("--repeats", type=int, default=5, help="timed runs per task (median is kept)")
     pr.add_argument("--rounds", type=int, default=3,

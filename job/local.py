@@ -139,7 +139,8 @@ def run_job(path: str | Path, *, run_dir: str | Path | None = None, compare: boo
                                         on_message=lambda m: ui.note(f"calibrating: {m}"))
             seconds["profile"] = round(time.perf_counter() - t0, 1)
             calibration = done["calibration"]
-            ui.note(f"{done['measured']} task shapes measured, {done['cached']} already cached; calibration "
+            ui.note(f"{done['measured']} task shapes measured ({done['measured_cold']} again with the last-level cache "
+                    f"evicted), {done['cached']} already cached; calibration "
                     f"{done['calibration']['status']}")
         cost = CostModel(cache).bind(prepared.graph)
 

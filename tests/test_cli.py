@@ -75,9 +75,11 @@ def test_profile_no_calibrate_measures_op_times_only(capsys, tmp_path, monkeypat
     assert rc == 0
     doc = json.loads(out)
     assert doc["calibration"]["status"] == "skipped" and doc["measured"] > 0
-    from autopar.planner.cost import ProfileCache
+    assert doc["cold"]["measured"] == doc["measured"]     # the same tasks with the last-level cache evicted
+    from autopar.planner.cost import CostModel, ProfileCache
     cache = ProfileCache.load(doc["cache"])
-    assert len(cache) > 0 and cache.calibrations() == []
+    assert len(cache) == 2 * doc["measured"] and cache.calibrations() == []
+    assert CostModel(cache).has_cold
     assert doc["cache"].startswith(str(tmp_path))
 
 

@@ -137,6 +137,8 @@ def _measured_cost(model: str, options: dict, graph, repeats: int):
     with tempfile.TemporaryDirectory(prefix="autopar-bench-") as d:
         cache = ProfileCache.load(Path(d) / "profile.json")
         report = profile_local([model], workers=2, options=options, cache=cache, repeats=repeats, warmup=5)
+        profile_local([model], workers=2, options=options, cache=cache, repeats=repeats, warmup=5,
+                      cache_level="llc", cold_keys=True)         # as `autopar profile` measures them too
         cache.put_calibration(calibrate(2, quick=repeats < 5))   # what `autopar profile --topology local:2` adds
         ensure_model_overheads(cache, model, options, 2, quick=repeats < 5)    # and this, for the model
     return CostModel(cache).bind(graph), report

@@ -11,7 +11,7 @@ used a few MiB of other data ago and not what was used a whole step ago (docs/si
 "Twenty-eighth round": the benchmark's profile with the last-level cache evicted put alexnet's,
 the tagger's and the transformer's rows within a few per cent on average over ten kept runs, where
 the L2 profile had them 4-13 % fast, and rnnlm's, whose cells reuse their weights every few
-hundred microseconds, 14-34 % slow).
+hundred microseconds, up to 35 % slow).
 
 This module prices each compute task between its two profiles by that reuse.  Mattson et al.'s
 stack distance ("Evaluation techniques for storage hierarchies", 1970) gives, for each read, the

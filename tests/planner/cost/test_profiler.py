@@ -184,6 +184,12 @@ def test_profile_local_covers_every_task_a_local_plan_can_use(tmp_path):
     assert again.measured == [] and again.cached == len(report.measured)
 
 
+def test_cold_keys_are_for_times_measured_with_the_last_level_cache_evicted():
+    from autopar.planner.cost.profiler import profile_local
+    with pytest.raises(CostModelError, match="cache_level='llc'"):
+        profile_local(["lenet"], workers=2, cache=ProfileCache(), cold_keys=True)
+
+
 def test_max_tasks_caps_new_measurements_and_counts_the_rest():
     g = _tiny_graph()
     cache = ProfileCache()
