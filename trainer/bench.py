@@ -28,7 +28,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
 from autopar.planner.zoo import with_dtype

@@ -2,8 +2,9 @@
 
 A profile times each op task over and over on the same tensors.  `autopar profile` leaves the
 core's own L2 cold before every call, so the task finds its data in the last-level cache, where
-its previous call left it: a *warm* price.  The benchmark's diagnosis also profiles every task with
-the last-level cache evicted: a *cold* price, the data from memory.  A real step lies in between,
+its previous call left it: a *warm* price.  On the CPU it profiles every task again with the
+last-level cache evicted: a *cold* price, the data from memory.  (The accuracy benchmark's
+diagnosis has done that since the twelfth round.)  A real step lies in between,
 and where depends on the plan: between two uses of an op's weights, or between the forward pass
 that saved an activation and the backward pass that reads it, both ranks touch other tensors, and
 on the 2-vCPU AMD VM the 32 MiB last-level cache they share (with other guests) holds what was
@@ -53,6 +54,7 @@ from .trainer_model import optimizer_step
 
 __all__ = ["CacheShares", "InCacheCost", "applies", "cache_shares", "in_cache_builder", "read_misses"]
 
+
 @dataclass(frozen=True)
 class CacheShares:
     """Per (op name, device id): the cold share of its forward and of its backward task."""
@@ -92,9 +94,14 @@ def _nbytes(shape, dtype: str) -> float:
     return float(n * DTYPE_BYTES.get(dtype, 4))
 
 
-def _touches(builder, strategy: Strategy, tg: TaskGraph, tl: Timeline) -> list[tuple[float, int, tuple, float, tuple | None]]:
-    """Every touch of the step: (time, order, tensor, bytes, reader or None for a write, or for a
-    fresh read).  A reader is (op name, 0 forward / 1 backward, device)."""
+Touch = tuple[float, int, tuple, float, "tuple | None"]
+
+
+def _touches(builder, strategy: Strategy, tg: TaskGraph, tl: Timeline) -> list[Touch]:
+    """Every touch of the step: (time, order, tensor, bytes, reader), `reader` (op name, 0 forward
+    or 1 backward, device) for a read and None for a write.  A tensor ``("fresh", reader)`` is what
+    `reader` reads right after the runtime wrote it (an input received from another rank, an
+    output's gradient)."""
     g = builder.graph
     n = len(g.ops)
     out: list = []
@@ -114,9 +121,10 @@ def _touches(builder, strategy: Strategy, tg: TaskGraph, tl: Timeline) -> list[t
                 spec = g[ref.op].outputs[ref.index]
                 here = d in strategy[ref.op].devices
                 # an input received from another rank was unpacked just before: fresh
-                out.append((s, len(out), ("a", ref.op, ref.index, d), _nbytes(ins[j], spec.dtype), who if here else None))
+                nbytes = _nbytes(ins[j], spec.dtype)
+                out.append((s, len(out), ("a", ref.op, ref.index, d), nbytes, who if here else None))
                 if not here:
-                    out.append((s, len(out), ("fresh", who), _nbytes(ins[j], spec.dtype), who))
+                    out.append((s, len(out), ("fresh", who), nbytes, who))
             for j, p in enumerate(op.params):
                 b = _nbytes(pars[j], p.dtype)
                 out.append((s, len(out), ("p", p.name, d), b, who))
@@ -222,7 +230,7 @@ def applies(builder) -> bool:
     measured cold too (`CostModel.has_cold`)."""
     rt = getattr(builder, "runtime", None)
     return (rt is not None and not rt.launches_async and bool(rt.shared_cache_bytes)
-            and not isinstance(builder.cost, InCacheCost) and builder.cost.has_cold)
+            and not isinstance(builder.cost, InCacheCost) and getattr(builder.cost, "has_cold", False))
 
 
 def in_cache_builder(builder, strategy: Strategy, tg: TaskGraph, tl: Timeline):
