@@ -216,7 +216,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from autopar.planner.cost import STAGING_PARTS, Curve, RuntimeCalibration, default_calibration, usable_cores
+from autopar.planner.cost import (STAGING_PARTS, Curve, RuntimeCalibration, default_calibration, shared_cache_bytes,
+                                  usable_cores)
 
 from .errors import TrainerConfigError
 from .launch import check_gpus, own_gloo_call, rank_device, run_local, track_gloo_loops
@@ -923,14 +924,6 @@ def calibration_target(world: int, device: str = "cpu") -> tuple[str, str]:
     check_gpus(world, fix="calibrate fewer ranks (--topology local:N, N at most the GPUs), or on the CPU")
     from autopar.planner.cost import device_kind_of   # pragma: no cover - needs a GPU
     return device_kind_of(torch.device("cuda", 0)), GPU_BACKEND   # pragma: no cover - needs a GPU
-
-
-def shared_cache_bytes() -> int | None:
-    """The size of the last-level cache this machine's cores share (sysfs), or None where Linux
-    does not tell it (`RuntimeCalibration.shared_cache_bytes`)."""
-    from autopar.planner.cost import last_level_cache_bytes
-    from autopar.planner.cost.profiler import CPU_CACHE_SYSFS
-    return last_level_cache_bytes() if any(CPU_CACHE_SYSFS.glob("index*")) else None
 
 
 def calibrate(world: int, *, quick: bool = False, progress: Callable[[str], None] | None = None,

@@ -189,6 +189,13 @@ def l2_cache_bytes(root: Path = CPU_CACHE_SYSFS) -> int:
 def last_level_cache_bytes(root: Path = CPU_CACHE_SYSFS) -> int:
     """The size of cpu0's largest (last-level) data or unified cache from sysfs; `L2_FALLBACK_BYTES`
     times 8 if unknown."""
+    known = shared_cache_bytes(root)
+    return known if known is not None else 8 * L2_FALLBACK_BYTES
+
+
+def shared_cache_bytes(root: Path = CPU_CACHE_SYSFS) -> int | None:
+    """The size of cpu0's largest (last-level) data or unified cache from sysfs, or None where
+    Linux does not tell it (`RuntimeCalibration.shared_cache_bytes`)."""
     sizes = []
     for index in sorted(root.glob("index*")):
         try:
@@ -198,7 +205,7 @@ def last_level_cache_bytes(root: Path = CPU_CACHE_SYSFS) -> int:
             sizes.append(_size_bytes((index / "size").read_text()))
         except (OSError, ValueError):
             continue
-    return max(sizes, default=8 * L2_FALLBACK_BYTES)
+    return max(sizes, default=None)
 
 
 _evict_buffer: torch.Tensor | None = None

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from autopar.planner.cost.model import CostModel, graph_input_shapes
 from autopar.planner.cost.profile_cache import ProfileCache, task_key
 from autopar.planner.cost.profiler import (EVICT_CAP_BYTES, L2_FALLBACK_BYTES, LLC_EVICT_CAP_BYTES, ROUNDS,
-                                           cache_evictor, last_level_cache_bytes,
+                                           cache_evictor, last_level_cache_bytes, shared_cache_bytes,
                                            device_kind_of, engine_overhead, l2_cache_bytes, measure_task,
                                            profile_local, profile_ops)
 from autopar.planner.errors import CostModelError
@@ -256,6 +256,10 @@ def test_l2_size_comes_from_sysfs_with_a_fallback(tmp_path):
         (d / "size").write_text(size + "\n")
     assert l2_cache_bytes(tmp_path) == 2 << 20
     assert l2_cache_bytes(tmp_path / "missing") == L2_FALLBACK_BYTES
+    # the shared cache the simulator prices reuse against: the largest, and None where unknown
+    assert shared_cache_bytes(tmp_path) == last_level_cache_bytes(tmp_path) == 480 << 20
+    assert shared_cache_bytes(tmp_path / "missing") is None
+    assert last_level_cache_bytes(tmp_path / "missing") == 8 * L2_FALLBACK_BYTES
 
 
 def test_caches_are_evicted_on_the_cpu_only():
