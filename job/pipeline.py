@@ -170,14 +170,18 @@ def profile(prepared: Prepared, cache, *, recalibrate: bool = False, repeats: in
 
     from autopar.planner.cost import profile_local
     t0 = time.perf_counter()
+
+    def passes(first: bool):
+        """`on_task` over both passes, each half of one bar."""
+        return None if on_task is None else (lambda _m, i, n, op: on_task(i if first else n + i, 2 * n, op))
+
     report = profile_local([prepared.job.spec.model.name], workers=prepared.world, options=prepared.options,
                            cache=cache, repeats=repeats, warmup=warmup, device=torch.device("cpu"),
-                           progress=(lambda _m, i, n, op: on_task(i, n, op)) if on_task else None)
+                           progress=passes(True))
     # the same tasks with the last-level cache evicted: each op is priced between the two (planner.sim.reuse)
     cold = profile_local([prepared.job.spec.model.name], workers=prepared.world, options=prepared.options,
                          cache=cache, repeats=repeats, warmup=warmup, device=torch.device("cpu"),
-                         progress=(lambda _m, i, n, op: on_task(i, n, op)) if on_task else None,
-                         cache_level="llc", cold_keys=True)
+                         progress=passes(False), cache_level="llc", cold_keys=True)
     calibration = ensure_calibration(cache, prepared.world, recalibrate=recalibrate, progress=on_message)
     from autopar.trainer.calibrate import ensure_model_overheads
     overheads = ensure_model_overheads(cache, prepared.job.spec.model.name, prepared.options, prepared.world,
