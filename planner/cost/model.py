@@ -412,6 +412,8 @@ class CostModel:
         """The task's forward and backward seconds measured with the last-level cache evicted
         before every call (``autopar profile`` on the CPU measures both), or None where they were
         not measured; `planner.sim.reuse` prices a step's tasks between the two."""
+        if input_shapes is not None:
+            input_shapes = tuple(tuple(s) for s in input_shapes)
         key = (id(op), tuple(degrees), device.product, input_shapes)
         if key in self._cold_memo:
             return self._cold_memo[key]
