@@ -129,7 +129,7 @@ def rescore_run(folder: str | os.PathLike, log: Callable[[str], None] = lambda _
     from autopar.planner.cost import CostModel
     from autopar.planner.hardware import get_preset
     from autopar.planner.ir import ParallelConfig, Strategy, import_spec
-    from autopar.planner.sim import TaskGraphBuilder
+    from autopar.planner.sim import TaskGraphBuilder, trainer_calibration
     from autopar.planner.zoo import load_model, with_dtype
 
     from .parts import furthest_off, simulate_parts
@@ -146,7 +146,7 @@ def rescore_run(folder: str | os.PathLike, log: Callable[[str], None] = lambda _
             graph = import_spec(spec)
             costs = _row_costs(folder, doc, cache, graph.name)
             cost = CostModel(costs, cold=_cold_costs(folder, costs, graph.name)).bind(graph)
-            runtime = _kept_runtime(doc, TaskGraphBuilder(graph, topology, cost, _OPT.name).runtime)
+            runtime = _kept_runtime(doc, trainer_calibration(topology, cost, graph))
             by_name[graph.name] = (graph, TaskGraphBuilder(graph, topology, cost, _OPT.name, runtime=runtime))
         for r in doc["rows"]:
             if r["model"] not in by_name:

@@ -88,10 +88,7 @@ class _Fenwick:
 
 
 def _nbytes(shape, dtype: str) -> float:
-    n = 1
-    for s in shape:
-        n *= s
-    return float(n * DTYPE_BYTES.get(dtype, 4))
+    return float(math.prod(shape) * DTYPE_BYTES.get(dtype, 4))
 
 
 Touch = tuple[float, int, tuple, float, "tuple | None"]
