@@ -21,18 +21,26 @@ the order the simulated step touches them, since the ranks share the cache:
 
 * a task reads its inputs and its parameter shards when it starts, and a backward task also the
   gradient of its outputs; a forward task writes its outputs when it ends, a backward task its
-  parameters' gradients; the optimizer step reads and writes every parameter its rank holds, its
-  gradient and its momentum;
+  parameters' gradients and the gradients of the inputs it passes gradients to; the optimizer
+  step reads and writes every parameter its rank holds, its gradient and its momentum;
 * an input that arrives from another rank, and an output's gradient, are fresh: the runtime
   wrote them just before (they count as held);
+* a write is an access too: the core fetches a line before it writes to it (write-allocate).  A
+  step writes each activation and each gradient into the block the allocator gave the same
+  tensor a step before (every step allocates in the same order), so a write's stack distance is
+  that of the tensor's last touch in the step before.  A GELU over 2 MiB here took 0.13 ms
+  writing into a block it had just used, 0.25 ms writing into one a 96 MiB stream had evicted
+  (its input held both times), and 0.18 ms as the profile times it (2026-11-29, "Twenty-ninth
+  round" in docs/simulation.md);
 * the step repeats, so a tensor first read in a step was last touched in the step before: the
-  distances are taken over two steps back to back, the second one's reads.
+  distances are taken over two steps back to back, the second one's accesses.
 
-A read whose stack distance is ``D`` finds its tensor in the cache with probability
+An access whose stack distance is ``D`` finds its tensor in the cache with probability
 ``exp(-D / C)``, ``C`` the last-level cache's size (a cache that replaces at random, as a
 victim cache shared with other tenants roughly does); a task's cold share ``f`` is the
-byte-weighted miss probability of its reads, and its time ``warm + f (cold - warm)``, separately
-for the forward and the backward task.
+byte-weighted miss probability of its reads and writes, and its time ``warm + f (cold - warm)``,
+separately for the forward and the backward task: the cold profile has every line of the task's
+inputs, parameters and outputs come from memory.
 
 It needs a first simulation, for the order of the touches, and a second with the repriced tasks;
 the search's own simulations (MCMC, delta simulation) keep the warm profile.
@@ -50,7 +58,7 @@ from ..ir.graph import DTYPE_BYTES
 from ..ir.strategy import Strategy
 from .simulator import TaskGraph, Timeline
 from .taskgraph import OPTIMIZER_STATES
-from .trainer_model import optimizer_step
+from .trainer_model import _FLOAT, optimizer_step, requires_grad
 
 __all__ = ["CacheShares", "InCacheCost", "applies", "cache_shares", "in_cache_builder", "read_misses"]
 
@@ -95,12 +103,13 @@ Touch = tuple[float, int, tuple, float, "tuple | None"]
 
 
 def _touches(builder, strategy: Strategy, tg: TaskGraph, tl: Timeline) -> list[Touch]:
-    """Every touch of the step: (time, order, tensor, bytes, reader), `reader` (op name, 0 forward
-    or 1 backward, device) for a read and None for a write.  A tensor ``("fresh", reader)`` is what
-    `reader` reads right after the runtime wrote it (an input received from another rank, an
-    output's gradient)."""
+    """Every touch of the step: (time, order, tensor, bytes, task), `task` (op name, 0 forward or
+    1 backward, device) for an access a task pays for, a read or a write, and None for one no op
+    task pays for (the optimizer's).  A tensor ``("fresh", task)`` is what `task` reads right
+    after the runtime wrote it (an input received from another rank, an output's gradient)."""
     g = builder.graph
     n = len(g.ops)
+    grads = requires_grad(g)
     out: list = []
     held: dict[int, dict[str, float]] = {}
     for d in range(builder.num_devices):
@@ -128,13 +137,17 @@ def _touches(builder, strategy: Strategy, tg: TaskGraph, tl: Timeline) -> list[T
                 mine = held.setdefault(d, {})
                 mine[p.name] = max(mine.get(p.name, 0.0), b)
                 if not fwd:
-                    out.append((e, len(out), ("g", p.name, d), b, None))
+                    out.append((e, len(out), ("g", p.name, d), b, who))
             if fwd:
                 for k, o in enumerate(outs):
-                    out.append((e, len(out), ("a", op.name, k, d), _nbytes(o, op.outputs[k].dtype), None))
-            else:
-                for k, o in enumerate(outs):     # the gradient of its outputs: just computed
-                    out.append((s, len(out), ("fresh", who), _nbytes(o, op.outputs[k].dtype), who))
+                    out.append((e, len(out), ("a", op.name, k, d), _nbytes(o, op.outputs[k].dtype), who))
+                continue
+            for k, o in enumerate(outs):         # the gradient of its outputs: just computed
+                out.append((s, len(out), ("fresh", who), _nbytes(o, op.outputs[k].dtype), who))
+            for j, ref in enumerate(op.inputs):  # the gradients it passes back, into last step's blocks
+                spec = g[ref.op].outputs[ref.index]
+                if grads[g.index[ref.op]] and spec.dtype in _FLOAT:
+                    out.append((e, len(out), ("da", ref.op, ref.index, d), _nbytes(ins[j], spec.dtype), who))
     # the parameter, its gradient and the optimizer's states (`OPTIMIZER_STATES`: sgd's momentum)
     kinds = ("p", "g") + tuple(f"s{k}" for k in range(OPTIMIZER_STATES.get(builder.optimizer, 0)))
     for d, params in held.items():
@@ -159,14 +172,14 @@ def cache_shares(builder, strategy: Strategy, tg: TaskGraph, tl: Timeline, capac
 
 
 def read_misses(touches, period: float, capacity: float) -> dict[tuple, tuple[float, float]]:
-    """Per reader, (expected bytes missed, bytes read) over one step in steady state.
+    """Per task, (expected bytes missed, bytes accessed) over one step in steady state.
 
-    `touches`: (time, order, tensor, bytes, reader) of one step, `reader` None for a write (see
-    `_touches`); a tensor named ``("fresh", ...)`` is read where it was just written and always
-    hits.  A read misses with probability ``1 - exp(-D / capacity)``, ``D`` the distinct bytes
-    touched since the tensor's last touch (its stack distance), found with a Fenwick tree over the
-    touches' positions holding each tensor's bytes at its last touch.  The step is laid twice end
-    to end, `period` apart, and the second one's reads are counted."""
+    `touches`: (time, order, tensor, bytes, task) of one step, `task` None for an access no task
+    pays for (see `_touches`); a tensor named ``("fresh", ...)`` is read where it was just written
+    and always hits.  An access misses with probability ``1 - exp(-D / capacity)``, ``D`` the
+    distinct bytes touched since the tensor's last touch (its stack distance), found with a
+    Fenwick tree over the touches' positions holding each tensor's bytes at its last touch.  The
+    step is laid twice end to end, `period` apart, and the second one's accesses are counted."""
     one = sorted(touches, key=lambda x: (x[0], x[1]))
     seq = one + [(t + period, o, tensor, b, who) for t, o, tensor, b, who in one]
     tree = _Fenwick(len(seq))

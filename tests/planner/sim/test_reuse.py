@@ -11,6 +11,7 @@ import pytest
 from autopar.planner.cost import CostModel, ProfileCache, cold_kind, task_key
 from autopar.planner.cost.calibration import RuntimeCalibration, default_calibration
 from autopar.planner.cost.model import graph_input_shapes
+from autopar.planner.cost.profile_cache import task_shapes
 from autopar.planner.hardware import get_preset
 from autopar.planner.ir import ParallelConfig, Strategy, data_parallel, model_parallel
 from autopar.planner.ir.strategy import degree_choices
@@ -119,8 +120,28 @@ def test_an_input_received_from_another_rank_is_fresh():
                 and all(s[op.name].devices[0] not in s[ref.op].devices for ref in op.inputs)]
     assert received
     for op in received:
-        assert shares.of(op.name, s[op.name].devices[0])[0] == 0.0
-    assert any(f > 0.5 for pair in shares.shares.values() for f in pair)
+        ins, outs, _ = task_shapes(op, s[op.name].degrees, [g[r.op].outputs[r.index].shape for r in op.inputs])
+        read, written = sum(math.prod(x) for x in ins), sum(math.prod(x) for x in outs)
+        assert shares.of(op.name, s[op.name].devices[0])[0] == pytest.approx(written / (read + written))
+    assert any(f > 0.9 for pair in shares.shares.values() for f in pair)
+
+
+def test_a_write_into_a_block_last_used_a_step_ago_misses():
+    """Write-allocate: an op's output goes where the same tensor went a step before, so the write
+    misses by the bytes touched since; a backward task pays for its parameters' gradients and for
+    the gradients it passes back too."""
+    x, y, w = ("a", "x", 0, 0), ("a", "y", 0, 0), ("p", "W", 0)
+    f, b = ("op", 0, 0), ("op", 1, 0)
+    touches = [(0.0, 0, x, MiB, f), (0.0, 1, w, MiB, f), (1.0, 2, y, 2 * MiB, f),
+               (2.0, 3, ("p", "other", 0), 16 * MiB, None),
+               (3.0, 4, x, MiB, b), (3.0, 5, ("fresh", b), 2 * MiB, b), (4.0, 6, ("g", "W", 0), MiB, b),
+               (4.0, 7, ("da", "x", 0, 0), MiB, b)]
+    small, huge = read_misses(touches, 5.0, 4 * MiB), read_misses(touches, 5.0, 1 << 50)
+    assert small[f][1] == 4 * MiB and small[b][1] == 5 * MiB     # reads and writes both counted
+    # y was last touched a step ago, past the 16 MiB stream: its write misses nearly surely
+    assert small[f][0] > 2 * MiB * (1 - math.exp(-16 / 4))
+    assert huge[f][0] < 1e-6 * huge[f][1] and huge[b][0] < 1e-6 * huge[b][1]
+    assert 0 < small[b][0] < 3 * MiB                              # the fresh output gradient still hits
 
 
 def test_it_applies_to_cpu_ranks_with_a_known_shared_cache_and_cold_times_only():
