@@ -60,7 +60,7 @@ from .simulator import TaskGraph, Timeline
 from .taskgraph import OPTIMIZER_STATES
 from .trainer_model import _FLOAT, optimizer_step, requires_grad
 
-__all__ = ["CacheShares", "InCacheCost", "applies", "cache_shares", "in_cache_builder", "read_misses"]
+__all__ = ["CacheShares", "InCacheCost", "access_misses", "applies", "cache_shares", "in_cache_builder"]
 
 
 @dataclass(frozen=True)
@@ -164,14 +164,14 @@ def _touches(builder, strategy: Strategy, tg: TaskGraph, tl: Timeline) -> list[T
 def cache_shares(builder, strategy: Strategy, tg: TaskGraph, tl: Timeline, capacity: int) -> CacheShares:
     """Each compute task's cold share on the simulated step `tl` of `strategy` (module docstring),
     with a shared cache of `capacity` bytes."""
-    missed = read_misses(_touches(builder, strategy, tg, tl), tl.makespan, capacity)
+    missed = access_misses(_touches(builder, strategy, tg, tl), tl.makespan, capacity)
     shares: dict[tuple[str, int], list[float]] = {}
     for (name, phase, d), (miss, total) in missed.items():
         shares.setdefault((name, d), [0.0, 0.0])[phase] = miss / total if total else 0.0
     return CacheShares({k: (v[0], v[1]) for k, v in shares.items()}, capacity)
 
 
-def read_misses(touches, period: float, capacity: float) -> dict[tuple, tuple[float, float]]:
+def access_misses(touches, period: float, capacity: float) -> dict[tuple, tuple[float, float]]:
     """Per task, (expected bytes missed, bytes accessed) over one step in steady state.
 
     `touches`: (time, order, tensor, bytes, task) of one step, `task` None for an access no task

@@ -16,7 +16,7 @@ from autopar.planner.hardware import get_preset
 from autopar.planner.ir import ParallelConfig, Strategy, data_parallel, model_parallel
 from autopar.planner.ir.strategy import degree_choices
 from autopar.planner.sim import TaskGraphBuilder, simulate_strategy
-from autopar.planner.sim.reuse import applies, cache_shares, read_misses
+from autopar.planner.sim.reuse import applies, cache_shares, access_misses
 
 from ..search._graphs import mlp, rnn
 
@@ -29,7 +29,7 @@ def test_a_reads_stack_distance_counts_each_tensor_touched_since_once():
     reader = ("op", 0, 0)
     touches = [(0.0, 0, a, 1 * MiB, reader), (1.0, 1, b, 2 * MiB, None), (2.0, 2, b, 2 * MiB, None),
                (3.0, 3, b, 2 * MiB, None), (4.0, 4, a, 1 * MiB, ("op", 1, 0))]
-    misses = read_misses(touches, 10.0, 4 * MiB)
+    misses = access_misses(touches, 10.0, 4 * MiB)
     missed, read = misses[("op", 1, 0)]
     assert read == 1 * MiB
     assert missed == pytest.approx(MiB * (1 - math.exp(-2 / 4)))
@@ -42,8 +42,8 @@ def test_a_tensor_just_written_or_fresh_hits_and_a_bigger_cache_misses_less():
     touches = [(0.0, 0, act, MiB, None), (0.5, 1, ("p", "other", 0), 8 * MiB, None),
                (1.0, 2, act, MiB, ("f", 0, 0)), (1.0, 3, w, MiB, ("f", 0, 0)),
                (2.0, 4, ("fresh", ("f", 1, 0)), MiB, ("f", 1, 0))]
-    small = read_misses(touches, 3.0, 2 * MiB)
-    big = read_misses(touches, 64 * MiB, 64 * MiB)
+    small = access_misses(touches, 3.0, 2 * MiB)
+    big = access_misses(touches, 64 * MiB, 64 * MiB)
     assert small[("f", 1, 0)] == (0.0, MiB)                      # fresh: always held
     assert 0 < big[("f", 0, 0)][0] < small[("f", 0, 0)][0] < small[("f", 0, 0)][1]
     assert small[("f", 0, 0)][1] == 2 * MiB
@@ -136,7 +136,7 @@ def test_a_write_into_a_block_last_used_a_step_ago_misses():
                (2.0, 3, ("p", "other", 0), 16 * MiB, None),
                (3.0, 4, x, MiB, b), (3.0, 5, ("fresh", b), 2 * MiB, b), (4.0, 6, ("g", "W", 0), MiB, b),
                (4.0, 7, ("da", "x", 0, 0), MiB, b)]
-    small, huge = read_misses(touches, 5.0, 4 * MiB), read_misses(touches, 5.0, 1 << 50)
+    small, huge = access_misses(touches, 5.0, 4 * MiB), access_misses(touches, 5.0, 1 << 50)
     assert small[f][1] == 4 * MiB and small[b][1] == 5 * MiB     # reads and writes both counted
     # y was last touched a step ago, past the 16 MiB stream: its write misses nearly surely
     assert small[f][0] > 2 * MiB * (1 - math.exp(-16 / 4))
