@@ -204,7 +204,41 @@ def rescore(folders: list[str | os.PathLike], progress: bool = True) -> dict[str
             pooled_now.append({**r, **key})
             pooled_recorded.append({**r, **key, "simulated_s": r["recorded_simulated_s"], "error": r["recorded_error"]})
     return {"runs": runs, "pooled": {"rows": len(pooled_now), "now": _summary(pooled_now),
-                                     "recorded": _summary(pooled_recorded)}}
+                                     "recorded": _summary(pooled_recorded)},
+            "offsets": plan_offsets(runs)}
+
+
+def plan_offsets(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Which plans the simulator prices wrong against their model's other plans, the same way in
+    every run: per model, its level in each run (the mean error of its rows there) over the runs
+    (``levels``: mean and sd); per model and strategy, each row's error less its model's level in
+    its run, over the runs (``plans``: mean and sd, largest mean first).
+
+    A model's level moves with the machine's state between its profile and its steps; an offset
+    is how the plans are spaced, which is what a search acts on.  An offset whose mean is large
+    against its sd is a pricing error of that kind of plan, not the noise: over the sixteen AMD
+    runs kept by 2026-11-29, rnnlm's level moved with an sd of 8 points while its model-parallel
+    rows sat 10 points above it and its random plans 13 below, each within 3 points in every run
+    (docs/simulation.md, "Thirtieth round").  None with fewer than two runs."""
+    if len(runs) < 2:
+        return None
+    levels: dict[str, list[float]] = {}
+    offsets: dict[tuple[str, str], list[float]] = {}
+    for run in runs:
+        by: dict[str, list[dict[str, Any]]] = {}
+        for r in run["rows"]:
+            by.setdefault(r["model"], []).append(r)
+        for model, rows in by.items():
+            level = statistics.fmean(r["error"] for r in rows)
+            levels.setdefault(model, []).append(level)
+            for r in rows:
+                offsets.setdefault((model, r["strategy"]), []).append(r["error"] - level)
+    plans = [{"model": m, "strategy": s, "runs": len(v), "mean_offset": statistics.fmean(v),
+              "sd_offset": statistics.pstdev(v)} for (m, s), v in offsets.items()]
+    plans.sort(key=lambda p: -abs(p["mean_offset"]))
+    return {"levels": {m: {"runs": len(v), "mean_error": statistics.fmean(v), "sd_error": statistics.pstdev(v)}
+                       for m, v in levels.items()},
+            "plans": plans}
 
 
 def _pct(x: float | None, signed: bool = False) -> str:
@@ -233,7 +267,21 @@ def print_rescore(doc: dict[str, Any]) -> None:
             table.add_row(*line(f"{run['folder']} ({when})", len(run["rows"]), run[when]))
     for when in ("recorded", "now"):
         table.add_row(*line(f"pooled ({when})", doc["pooled"]["rows"], doc["pooled"][when]))
-    Console(width=None if sys.stdout.isatty() else 160).print(table)
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    console.print(table)
+    offsets = doc.get("offsets")
+    if not offsets:
+        return
+    levels = ", ".join(f"{m} {_pct(v['mean_error'], True)} (sd {_pct(v['sd_error'])})"
+                       for m, v in offsets["levels"].items())
+    console.print(f"each model's level over the runs, now: {levels}")
+    plans = Table(title="each plan's error less its model's level in its run, now (largest first)")
+    for col in ("model", "strategy", "runs", "mean", "sd"):
+        plans.add_column(col, justify="left" if col in ("model", "strategy") else "right")
+    for p in offsets["plans"]:
+        plans.add_row(p["model"], p["strategy"], str(p["runs"]), _pct(p["mean_offset"], True), _pct(p["sd_offset"]))
+    console.print(plans)
 
 
-__all__ = ["PROFILE", "RESULT", "KeptRunError", "keep_folder", "print_rescore", "record", "rescore", "rescore_run"]
+__all__ = ["PROFILE", "RESULT", "KeptRunError", "keep_folder", "plan_offsets", "print_rescore", "record", "rescore",
+           "rescore_run"]

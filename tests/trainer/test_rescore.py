@@ -7,7 +7,8 @@ import json
 import pytest
 
 from autopar.cli import main
-from autopar.trainer.rescore import PROFILE, RESULT, KeptRunError, _summary, keep_folder, rescore, rescore_run
+from autopar.trainer.rescore import (PROFILE, RESULT, KeptRunError, _summary, keep_folder, plan_offsets, print_rescore,
+                                     rescore, rescore_run)
 
 
 def test_a_new_folder_is_created_to_keep_a_run_in(tmp_path):
@@ -91,6 +92,33 @@ def test_the_summary_has_the_rms_error_and_counts_the_targets_met():
     assert s["at_model_level"]["max_abs_error"] == pytest.approx(max(map(abs, held)))
     assert s["at_model_level"]["median_abs_error"] == pytest.approx(sorted(map(abs, held))[1])
     assert _summary(rows[:1])["at_model_level"] is None          # one row: no level to hold out
+
+
+def test_a_plan_off_the_same_way_in_every_run_stands_out_from_its_models_level():
+    # Two runs whose model level moved by 20 points; the model-parallel row sits 10 above the level
+    # in both, the random one 10 below, data parallelism at it.
+    runs = [{"rows": [{"model": "m", "strategy": "dp", "error": lvl},
+                      {"model": "m", "strategy": "mp", "error": lvl + 0.1},
+                      {"model": "m", "strategy": "random", "error": lvl - 0.1},
+                      {"model": "n", "strategy": "dp", "error": 0.05}]} for lvl in (-0.1, 0.1)]
+    off = plan_offsets(runs)
+    assert off["levels"]["m"] == pytest.approx({"runs": 2, "mean_error": 0.0, "sd_error": 0.1})
+    assert off["levels"]["n"]["sd_error"] == 0.0
+    top = off["plans"][:2]
+    assert {p["strategy"] for p in top} == {"mp", "random"}
+    assert all(abs(p["mean_offset"]) == pytest.approx(0.1) and p["sd_offset"] == pytest.approx(0.0) for p in top)
+    assert [p["mean_offset"] for p in off["plans"] if p["strategy"] == "dp"] == pytest.approx([0.0, 0.0])
+    assert plan_offsets(runs[:1]) is None                        # one run: nothing to compare across
+
+
+def test_the_rescore_table_lists_the_plans_offsets(capsys):
+    rows = [_row("m", "data-parallel", 1.1, 1.0), _row("m", "searched", 0.9, 1.0)]
+    runs = [{"folder": f"run{k}", "rows": rows, "now": _summary(rows), "recorded": _summary(rows)} for k in (1, 2)]
+    print_rescore({"runs": runs, "pooled": {"rows": 4, "now": _summary(rows + rows), "recorded": _summary(rows + rows)},
+                   "offsets": plan_offsets(runs)})
+    out = capsys.readouterr().out
+    assert "each model's level over the runs, now: m +0.0 % (sd 0.0 %)" in out
+    assert "data-parallel" in out and "+10.0 %" in out and "-10.0 %" in out
 
 
 def test_the_cli_refuses_keep_and_rescore_where_they_do_not_apply(tmp_path, capsys):
