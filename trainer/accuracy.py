@@ -729,7 +729,8 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
                 f"{time.perf_counter() - t0:.0f} s")
             own = ensure_model_overheads(cache, model, options, WORLD, remeasure=bool(cfg.get("recalibrate")),
                                          quick=bool(cfg.get("quick_calibration")), fingerprint=graph.fingerprint)
-            overheads[graph.name] = {k: own[k] for k in ("fwd_task_us", "bwd_task_us", "exchange_call_us") if k in own}
+            overheads[graph.name] = {k: own[k] for k in ("fwd_task_us", "bwd_task_us", "exchange_call_us",
+                                                         "allreduce_in_step") if k in own}
             log(f"  the runtime's own work per op in its steps ({own['status']}): {own['line']}")
             probes.append(speed_probe())
             cost = CostModel(cache).bind(graph)

@@ -86,7 +86,11 @@ is: run it when nothing else competes for the cores.  `calibrate(world)` measure
    planned, whole on each rank at once, and stores its work between the spans per task
    (`planner.cost.ProfileCache.put_overheads`); the simulator charges that for this model, plus
    the chains' work inside the spans (`planner.sim.trainer_model.trainer_calibration`).  The
-   chains' figures remain for models never stepped, and on GPUs.
+   chains' figures remain for models never stepped, and on GPUs.  It also steps the model under
+   data parallelism, in alternating blocks with its gradient buckets' all-reduces and without
+   them (`model_sync`), and stores what they added to the step over what the all-reduce curve
+   (2.) says for those buckets: an all-reduce timed alone is not what it costs while the backward
+   pass runs on the same core (1.5-2.6x on the AMD VM, docs/simulation.md, "Thirtieth round").
 
 4. **Exchange overhead** (``exchange_s``): two ranks step the same chains under a plan that puts
    op i on rank i mod 2, so every op exchanges its input forward and its gradient backward, with
@@ -604,6 +608,71 @@ def _overhead_rank(rank: int, world: int, cfg: Settings, device_kind: str = "cpu
 
 #: Untimed and timed steps of `model_overheads` (full, quick).
 MODEL_STEPS = {False: (3, 12), True: (2, 4)}
+#: `model_overheads`' data-parallel steps with and without the buckets' all-reduces: untimed steps,
+#: then blocks of each (how many, and timed steps per block), alternating (full, quick).
+SYNC_STEPS = {False: (3, 4, 6), True: (2, 2, 2)}
+
+
+def _model_sync_rank(rank: int, world: int, model: str, options: dict[str, Any], quick: bool) -> dict[str, Any]:
+    """One rank of `model` under data parallelism, stepped by the trainer's own `Trainer` in
+    alternating blocks with its gradient buckets' all-reduces and without them (each issue a
+    no-op: the step then never synchronizes), a barrier before every step; per timed step its
+    seconds and whether the all-reduces ran, and the bytes of the buckets this rank reduces."""
+    from autopar.planner.ir import data_parallel, import_spec
+    from autopar.planner.zoo import load_model
+
+    from .comm import ProcessGroups
+    from .optim import OptimizerConfig
+    from .session import Trainer
+    from .train import Job, TrainConfig
+    spec = load_model(model, **options)
+    graph = import_spec(spec)
+    cfg = TrainConfig(model=spec.name, optimizer=OptimizerConfig("sgd", lr=0.01, momentum=0.9), log=False)
+    tr = Trainer(Job(cfg, spec, graph, data_parallel(graph, world)), rank, world, ProcessGroups(), torch.device("cpu"))
+    sync = tr.runtime.sync
+    issue = sync._issue
+    untimed, blocks, per_block = SYNC_STEPS[quick]
+    steps: list[tuple[float, bool]] = []
+    done = 0
+    for b in range(2 * blocks):
+        on = b % 2 == (b // 2) % 2           # on, off, off, on, on, off, ...: neither always goes first
+        sync._issue = issue if on else (lambda k: None)
+        for i in range((untimed if b == 0 else 1) + per_block):
+            dist.barrier()
+            t0 = time.perf_counter()
+            tr.train_step(done)
+            seconds = time.perf_counter() - t0
+            done += 1
+            if i >= (untimed if b == 0 else 1):
+                steps.append((seconds, on))
+    sync._issue = issue
+    return {"steps": steps, "buckets": [sum(e.numel * sync.shards[e.param].tensor.element_size() for e in b.entries)
+                                        for b in sync.mine]}
+
+
+def model_sync(model: str, options: Mapping[str, Any] | None, world: int, *,
+               quick: bool = False) -> dict[str, Any] | None:
+    """What the gradient buckets' all-reduces add to `model`'s own data-parallel step on `world`
+    local gloo ranks, one thread each: the median step (the slower rank's) with them, less the
+    median without them (`SYNC_STEPS`, alternating blocks), and the bytes of every bucket
+    (``buckets``), for `ensure_model_overheads` to set against the calibration's all-reduce.
+
+    The calibration times an all-reduce with nothing else running; in a step it runs on gloo's
+    threads while the backward pass goes on, on the same core.  On the AMD VM (2026-11-29) they
+    added 19.4 ms to rnnlm's step where the calibration's all-reduces summed to 7.5 ms, 16.4 to
+    alexnet's (10.8), 3.6 to the transformer's (2.1) and 4.4 to the tagger's (1.7)
+    (docs/simulation.md, "Thirtieth round").  None with one rank, or for a model whose data
+    parallelism reduces no bucket."""
+    if world < 2:
+        return None
+    per_rank = run_local(_model_sync_rank, world, (model, dict(options or {}), quick))
+    if not per_rank[0]["buckets"]:
+        return None
+    steps = [(max(s[0] for s in same), same[0][1]) for same in zip(*(r["steps"] for r in per_rank))]
+    on = statistics.median(t for t, o in steps if o)
+    off = statistics.median(t for t, o in steps if not o)
+    return {"with_s": on, "without_s": off, "added_s": max(0.0, on - off), "buckets": per_rank[0]["buckets"],
+            "steps": len(steps)}
 
 
 def _model_overhead_rank(rank: int, world: int, model: str, options: dict[str, Any], quick: bool) -> dict[str, Any]:
@@ -645,7 +714,8 @@ def _model_overhead_rank(rank: int, world: int, model: str, options: dict[str, A
 
 def model_overheads(model: str, options: Mapping[str, Any] | None, world: int, *,
                     quick: bool = False) -> dict[str, Any]:
-    """The runtime's own work per forward and per backward task between its spans, in `model`'s
+    """The runtime's own work per forward and per backward task between its spans, and what its
+    data-parallel all-reduces add to a step (``sync``, `model_sync`), in `model`'s
     own steps (module docstring, 3.): `world` local gloo ranks, one thread each, each stepping
     the whole model at once, as busy as a data-parallel step keeps them; per rank the median
     over the timed steps (`MODEL_STEPS`) divided by the tasks the simulator counts, then the
@@ -654,7 +724,8 @@ def model_overheads(model: str, options: Mapping[str, Any] | None, world: int, *
     calls (`runtime.exchange_calls`; 0 where the model makes none), which is what a rank pays for
     an op's exchange beside any message (`planner.sim.trainer_model._local_calls`: 0.2-0.9 ms of a
     data-parallel step on the AMD VM of 2026-11-29).  `model` and `options` as `autopar profile`
-    takes them (each rank imports the model itself).  About as long as 15 single-device steps."""
+    takes them (each rank imports the model itself).  About as long as 15 single-device steps and
+    50 data-parallel ones."""
     if world < 1:
         raise ValueError(f"model_overheads needs at least one rank, got world={world}")
     per_rank = run_local(_model_overhead_rank, world, (model, dict(options or {}), quick))
@@ -664,7 +735,18 @@ def model_overheads(model: str, options: Mapping[str, Any] | None, world: int, *
                                     for r in per_rank) for d in ("fwd", "bwd"))
     return {"fingerprint": per_rank[0]["fingerprint"], "fwd_task_s": fwd, "bwd_task_s": bwd,
             "exchange_call_s": calls, "steps": per_rank[0]["steps"], "fwd_tasks": per_rank[0]["fwd_tasks"],
-            "bwd_tasks": per_rank[0]["bwd_tasks"], "ranks": world}
+            "bwd_tasks": per_rank[0]["bwd_tasks"], "ranks": world,
+            "sync": model_sync(model, options, world, quick=quick)}
+
+
+def allreduce_in_step(sync: Mapping[str, Any] | None, calibration: RuntimeCalibration) -> float | None:
+    """What `model_sync`'s all-reduces added to the model's step, over what `calibration`'s
+    all-reduce says for its buckets (`RuntimeCalibration.allreduce_in_step`); None without a
+    measurement or a calibrated all-reduce."""
+    if not sync or not calibration.allreduce:
+        return None
+    charged = sum(calibration.allreduce_time(b, calibration.world) for b in sync["buckets"])
+    return sync["added_s"] / charged if charged > 0 else None
 
 
 def ensure_model_overheads(cache, model: str, options: Mapping[str, Any] | None, workers: int, *,
@@ -673,7 +755,8 @@ def ensure_model_overheads(cache, model: str, options: Mapping[str, Any] | None,
     """The runtime's own work per task in `model`'s own steps on `workers` local CPU ranks
     (`model_overheads`, a few seconds), which the simulator charges for this model in place of
     the calibration's chains: kept when the cache has it for the cache's calibration of
-    ``local:<workers>`` (with its exchange calls: an older autopar did not time them), measured
+    ``local:<workers>`` (with its exchange calls and, on more than one rank, what its all-reduces
+    add to a data-parallel step: an older autopar did not time them), measured
     and saved otherwise, or with `remeasure` (what `autopar
     profile` and `autopar run` do after `autopar.job.pipeline.ensure_calibration`).  Skipped (the
     chains' figures stay) where the cache has no such calibration, and ``failed``, with the
@@ -691,8 +774,10 @@ def ensure_model_overheads(cache, model: str, options: Mapping[str, Any] | None,
         return {"status": "skipped", "line": f"no runtime calibration of local:{workers} to go with"}
     fingerprint = fingerprint or import_spec(load_model(model, **dict(options or {}))).fingerprint
     have, calls = cache.overheads(cal, fingerprint), cache.exchange_overheads(cal, fingerprint)
-    if have is not None and calls is not None and not remeasure:     # without `calls`: an older autopar's
-        return _overheads_result("kept", model, have[0], have[1], calls)
+    in_step = cache.allreduce_in_step(cal, fingerprint)
+    # Without `calls` or `in_step` (on more than one rank): an older autopar's measurement.
+    if have is not None and calls is not None and (in_step is not None or workers < 2) and not remeasure:
+        return _overheads_result("kept", model, have[0], have[1], calls, in_step)
     if progress is not None:
         progress(f"the runtime's own work per op in {model}'s steps")
     t0 = time.perf_counter()
@@ -700,23 +785,27 @@ def ensure_model_overheads(cache, model: str, options: Mapping[str, Any] | None,
         res = model_overheads(model, options, workers, quick=quick)
     except AutoparError as e:       # a rank that cannot step the model whole: the chains' figures serve
         return {"status": "failed", "line": f"not measured ({e}); the calibration's per-op figures are used"}
+    ratio = allreduce_in_step(res.get("sync"), cal)
     cache.put_overheads(cal, fingerprint, res["fwd_task_s"], res["bwd_task_s"], res["steps"],
-                        exchange=res["exchange_call_s"])
+                        exchange=res["exchange_call_s"], allreduce_in_step=ratio)
     cache.save()
-    return {**_overheads_result("measured", model, res["fwd_task_s"], res["bwd_task_s"], res["exchange_call_s"]),
-            "seconds": round(time.perf_counter() - t0, 1)}
+    return {**_overheads_result("measured", model, res["fwd_task_s"], res["bwd_task_s"], res["exchange_call_s"],
+                                ratio), "seconds": round(time.perf_counter() - t0, 1)}
 
 
 def _overheads_result(status: str, model: str, fwd: float, bwd: float,
-                      exchange: tuple[float, float] | None = None) -> dict[str, Any]:
+                      exchange: tuple[float, float] | None = None, in_step: float | None = None) -> dict[str, Any]:
     """`ensure_model_overheads`' answer for seconds per forward and per backward task (and per
-    exchange call that moves nothing, where measured)."""
+    exchange call that moves nothing, and what the all-reduces add to a step, where measured)."""
     out = {"status": status, "fwd_task_us": round(fwd * 1e6, 1), "bwd_task_us": round(bwd * 1e6, 1),
            "line": f"{model}'s steps: {fwd * 1e6:.0f} us per forward task and {bwd * 1e6:.0f} us per backward "
                    "one between spans"}
     if exchange is not None:
         out["exchange_call_us"] = [round(t * 1e6, 1) for t in exchange]
         out["line"] += f"; {exchange[0] * 1e6:.0f} and {exchange[1] * 1e6:.0f} us per exchange call"
+    if in_step is not None:
+        out["allreduce_in_step"] = round(in_step, 3)
+        out["line"] += f"; its data-parallel all-reduces add {in_step:.2f}x what the calibration says to a step"
     return out
 
 

@@ -224,6 +224,9 @@ class RuntimeCalibration:
     # An exchange call that moves nothing between ranks, forward and backward, in one model's own
     # steps (`planner.sim.trainer_model.trainer_calibration`); (0, 0) where not measured.
     local_exchange_s: tuple[float, float] = (0.0, 0.0)
+    # What a bucket's all-reduce adds to one model's own data-parallel step, over what `allreduce`
+    # says for it (`planner.sim.trainer_model.trainer_calibration`); 1 where not measured.
+    allreduce_in_step: float = 1.0
 
     @property
     def measures_arrival_noise(self) -> bool:
@@ -268,6 +271,11 @@ class RuntimeCalibration:
             if size >= group:
                 return curve(nbytes)
         return self.allreduce[-1][1](nbytes)
+
+    def bucket_time(self, nbytes: float, group: int) -> float:
+        """Seconds a gradient bucket's all-reduce of `nbytes` among `group` ranks holds them in a
+        step: `allreduce_time` times what one model's own steps showed (``allreduce_in_step``)."""
+        return self.allreduce_time(nbytes, group) * self.allreduce_in_step
 
     def issue_time(self, nbytes: float) -> float:
         """Seconds a rank's own thread spends starting the all-reduce of a bucket of `nbytes`

@@ -27,11 +27,13 @@ the task's kernels, beside the kernels' own time on the device (the two run side
 
 Beside the op times, ``"overheads"`` holds the runtime's own work per task measured in a model's
 own steps (`trainer.calibrate.model_overheads`), by ``"<calibration key>|<graph fingerprint>"``:
-``{"forward": s, "backward": s, "steps": n, "exchange": [s, s]}``, seconds per forward and per
-backward task between the runtime's spans and, where measured, per exchange call that moves
-nothing between ranks, forward and backward.  The simulator charges them for that model in place
-of the calibration's chains (`planner.sim.trainer_model.trainer_calibration`); older files have
-none, or no ``exchange``.
+``{"forward": s, "backward": s, "steps": n, "exchange": [s, s], "allreduce_in_step": r}``,
+seconds per forward and per backward task between the runtime's spans and, where measured, per
+exchange call that moves nothing between ranks, forward and backward, and what the gradient
+buckets' all-reduces added to the model's own data-parallel step over what the calibration's
+all-reduce says for them (a ratio).  The simulator charges them for that model in place of the
+calibration's chains and all-reduce (`planner.sim.trainer_model.trainer_calibration`); older files
+have none, or no ``exchange`` or ``allreduce_in_step``.
 
 The default location is ``$AUTOPAR_CACHE_DIR/profile.json`` or
 ``~/.cache/autopar/profile.json``.  Saving writes a temporary file next to the target and renames
@@ -215,6 +217,7 @@ class _Overheads(BaseModel):
     backward: float = Field(ge=0, allow_inf_nan=False)
     steps: int = Field(default=0, ge=0)
     exchange: tuple[float, float] | None = None
+    allreduce_in_step: float | None = Field(default=None, ge=0, allow_inf_nan=False)
 
 
 class _CacheFile(BaseModel):
@@ -257,6 +260,7 @@ class ProfileCache:
         self._calibrations: dict[str, Any] = {}
         self._overheads: dict[str, tuple[float, float, int]] = {}
         self._exchanges: dict[str, tuple[float, float]] = {}
+        self._in_step: dict[str, float] = {}
         self.path = Path(path) if path is not None else None
         #: set by `load` when it dropped measurements taken the old way: one line for people
         self.notice: str | None = None
@@ -306,6 +310,8 @@ class ProfileCache:
                     cache._overheads[k] = (o.forward, o.backward, o.steps)
                     if o.exchange is not None:
                         cache._exchanges[k] = cache._checked_exchange(k, o.exchange)
+                    if o.allreduce_in_step is not None:
+                        cache._in_step[k] = o.allreduce_in_step
         except CostModelError as e:
             raise CostModelError(f"profile cache {p}: {e}") from e
         if stale:
@@ -325,7 +331,8 @@ class ProfileCache:
         }
         if self._overheads:
             doc["overheads"] = {k: {"forward": f, "backward": b, "steps": n,
-                                    **({"exchange": list(self._exchanges[k])} if k in self._exchanges else {})}
+                                    **({"exchange": list(self._exchanges[k])} if k in self._exchanges else {}),
+                                    **({"allreduce_in_step": self._in_step[k]} if k in self._in_step else {})}
                                 for k, (f, b, n) in sorted(self._overheads.items())}
         def dump(fh) -> None:
             json.dump(doc, fh, indent=1)
@@ -372,8 +379,10 @@ class ProfileCache:
             self.put_calibration(c)
         for k in other._overheads:
             self._exchanges.pop(k, None)
+            self._in_step.pop(k, None)
         self._overheads.update(other._overheads)
         self._exchanges.update(other._exchanges)
+        self._in_step.update(other._in_step)
 
     def overheads(self, calibration: RuntimeCalibration, fingerprint: str) -> tuple[float, float, int] | None:
         """(seconds per forward task, per backward task, steps timed) of the runtime's own work
@@ -387,12 +396,22 @@ class ProfileCache:
         if measured with its overheads."""
         return self._exchanges.get(_overheads_key(calibration.key, fingerprint))
 
+    def allreduce_in_step(self, calibration: RuntimeCalibration, fingerprint: str) -> float | None:
+        """What the gradient buckets' all-reduces added to the data-parallel step of the model whose
+        graph has `fingerprint`, over what `calibration`'s all-reduce says for them
+        (`trainer.calibrate.model_overheads`), if measured with its overheads."""
+        return self._in_step.get(_overheads_key(calibration.key, fingerprint))
+
     def put_overheads(self, calibration: RuntimeCalibration, fingerprint: str, forward: float, backward: float,
-                      steps: int, exchange: tuple[float, float] | None = None) -> None:
+                      steps: int, exchange: tuple[float, float] | None = None,
+                      allreduce_in_step: float | None = None) -> None:
         if not all(math.isfinite(t) and t >= 0 for t in (forward, backward)) or steps < 1:
             raise CostModelError(f"runtime overheads of {fingerprint}: seconds per task must be finite and "
                                  f"non-negative over at least one step, got forward {forward} s, backward "
                                  f"{backward} s, {steps} steps")
+        if allreduce_in_step is not None and not (math.isfinite(allreduce_in_step) and allreduce_in_step >= 0):
+            raise CostModelError(f"runtime overheads of {fingerprint}: what the all-reduces add to a step must be "
+                                 f"a finite, non-negative ratio, got {allreduce_in_step!r}")
         key = _overheads_key(calibration.key, fingerprint)
         checked = None if exchange is None else self._checked_exchange(fingerprint, exchange)
         self._overheads[key] = (float(forward), float(backward), int(steps))
@@ -400,6 +419,10 @@ class ProfileCache:
             self._exchanges.pop(key, None)
         else:
             self._exchanges[key] = checked
+        if allreduce_in_step is None:
+            self._in_step.pop(key, None)
+        else:
+            self._in_step[key] = float(allreduce_in_step)
 
     @staticmethod
     def _checked_exchange(what: str, exchange: Any) -> tuple[float, float]:

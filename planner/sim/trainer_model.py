@@ -45,8 +45,10 @@ What the trainer does, and how it is modelled:
 * **Gradient synchronization** in buckets (`planner.sim.buckets`, the trainer's own plan): a
   bucket's all-reduce starts when every rank of its group has passed the bucket's op in the
   backward pass and issued it (the calibrated ``issue`` on each rank's program, `_issue`), and
-  lasts the calibrated all-reduce time for its bytes and group size, on the ring's links — and
-  on the ranks' devices too when communication runs on their cores (``comm_uses_cores``).  At
+  lasts the calibrated all-reduce time for its bytes and group size (times what the model's own
+  data-parallel steps showed the all-reduces add, where measured: `trainer_calibration`), on the
+  ring's links — and on the ranks' devices too when communication runs on their cores
+  (``comm_uses_cores``).  At
   the end each rank waits for its buckets (`S`) and runs its optimizer step over all its shards
   (`O`): the calibrated optimizer time for its tensors and bytes (the cost model's update time
   where the calibration has none).  Before its first op, each rank
@@ -100,7 +102,12 @@ def trainer_calibration(topology, cost, graph: OperatorGraph | None = None) -> R
     bookkeeping, timed with every span evicting the caches, came out at 2-3x the models' own on
     the Xeon VM (docs/simulation.md, "Twenty-third round").  So are its exchange calls that move
     nothing between ranks, where they were measured with them (``local_exchange_s``, `_local_calls`);
-    the chains never make such a call, and without the model's own steps they cost nothing."""
+    the chains never make such a call, and without the model's own steps they cost nothing.  And a
+    gradient bucket's all-reduce is charged at what the buckets' all-reduces added to the model's
+    own data-parallel steps, over what the calibration's all-reduce says for them
+    (``allreduce_in_step``, `RuntimeCalibration.bucket_time`): on the AMD VM of 2026-11-29 1.5x
+    (alexnet) to 2.6x (rnnlm, the tagger), the all-reduce's thread sharing the rank's core with
+    the backward pass (docs/simulation.md, "Thirtieth round")."""
     devices = topology.devices
     if not devices or len({d.product for d in devices}) != 1:
         return None
@@ -112,9 +119,11 @@ def trainer_calibration(topology, cost, graph: OperatorGraph | None = None) -> R
         own = cache.overheads(measured, graph.fingerprint) if graph is not None and cpu else None
         if own is not None:
             inside = dict(measured.details)
+            in_step = cache.allreduce_in_step(measured, graph.fingerprint)
             measured = replace(measured, fwd_task_s=own[0] + float(inside.get("fwd_task_phase_only_s", 0.0)),
                                bwd_task_s=own[1] + float(inside.get("bwd_task_phase_only_s", 0.0)),
-                               local_exchange_s=cache.exchange_overheads(measured, graph.fingerprint) or (0.0, 0.0))
+                               local_exchange_s=cache.exchange_overheads(measured, graph.fingerprint) or (0.0, 0.0),
+                               allreduce_in_step=1.0 if in_step is None else in_step)
         return measured
     if cpu and len(topology.nodes) == 1:
         return default_calibration(product, "gloo", world)
@@ -655,7 +664,7 @@ def sync_plan(b, holdings: dict) -> tuple:
             zeroed[d] += bucket.nbytes
         devs = bucket.devices
         r = len(devs)
-        seconds = rt.allreduce_time(bucket.nbytes, r)
+        seconds = rt.bucket_time(bucket.nbytes, r)
         links: list[int] = []
         for e in range(r):
             for link in b._route(devs[e], devs[(e + 1) % r])[1]:

@@ -409,6 +409,20 @@ def test_a_models_own_steps_give_its_runtime_work_per_task_and_the_cache_keeps_i
     assert 0 < got["fwd_task_s"] < 5e-3 and 0 <= got["bwd_task_s"] < 5e-3 and got["steps"] == calib.MODEL_STEPS[True][1]
     # Every op with inputs calls its exchange forward; lenet's chain is one autograd call backward.
     assert 0 < got["exchange_call_s"][0] < 5e-3 and got["exchange_call_s"][1] == 0
+    # Its data-parallel steps with their buckets' all-reduces and without, in alternating blocks:
+    # the buckets are those the simulator plans for data parallelism.
+    from autopar.planner.cost import ProfileCache as _Cache
+    from autopar.planner.cost import CostModel
+    from autopar.planner.hardware import get_preset
+    from autopar.planner.ir import data_parallel
+    from autopar.planner.sim import TaskGraphBuilder, simulate_strategy
+    untimed, blocks, per_block = calib.SYNC_STEPS[True]
+    sync = got["sync"]
+    assert sync["steps"] == 2 * blocks * per_block and sync["with_s"] > 0 and sync["without_s"] > 0
+    assert sync["added_s"] == max(0.0, sync["with_s"] - sync["without_s"])
+    tg = simulate_strategy(TaskGraphBuilder(graph, get_preset("local:2"), CostModel(_Cache()).bind(graph)),
+                           data_parallel(graph, 2))[2]
+    assert sorted(sync["buckets"]) == sorted(int(tg.task(k).nbytes) for k in tg if k[0] == 2 and len(k) == 3)
 
     cache = ProfileCache.load(tmp_path / "profile.json")
     assert ensure_model_overheads(cache, "lenet", options, 2)["status"] == "skipped"
@@ -418,6 +432,10 @@ def test_a_models_own_steps_give_its_runtime_work_per_task_and_the_cache_keeps_i
     monkeypatch.setattr(calib, "model_overheads", lambda *a, **k: calls.append(a) or {**got, "fwd_task_s": 7e-5})
     first = ensure_model_overheads(cache, "lenet", options, 2)
     assert first["status"] == "measured" and first["fwd_task_us"] == 70.0 and len(calls) == 1
+    ratio = sync["added_s"] / sum(cal.allreduce_time(b, 2) for b in sync["buckets"])
+    assert first["allreduce_in_step"] == round(ratio, 3) and "all-reduces add" in first["line"]
+    saved = ProfileCache.load(tmp_path / "profile.json")
+    assert saved.allreduce_in_step(cal, graph.fingerprint) == pytest.approx(ratio)
     assert first["exchange_call_us"] == [round(got["exchange_call_s"][0] * 1e6, 1), 0.0]
     saved = ProfileCache.load(tmp_path / "profile.json")
     assert saved.overheads(cal, graph.fingerprint)[0] == 7e-5 and \

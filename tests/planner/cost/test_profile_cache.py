@@ -317,6 +317,31 @@ def test_a_models_overheads_are_kept_by_calibration_and_graph_and_saved(tmp_path
     assert other.exchange_overheads(two, "sha256:aa") is None
 
 
+def test_what_a_models_all_reduces_add_to_its_step_is_kept_with_its_overheads(tmp_path):
+    cache = ProfileCache()
+    two = _measured(2)
+    cache.put_calibration(two)
+    cache.put_overheads(two, "sha256:aa", 30e-6, 40e-6, 12)
+    assert cache.allreduce_in_step(two, "sha256:aa") is None              # not measured
+    cache.put_overheads(two, "sha256:aa", 30e-6, 40e-6, 12, allreduce_in_step=1.8)
+    back = ProfileCache.load(cache.save(tmp_path / "profile.json"))
+    assert back.allreduce_in_step(two, "sha256:aa") == 1.8 and back.allreduce_in_step(two, "sha256:bb") is None
+    other = ProfileCache()
+    other.put_runtime_of(back)
+    assert other.allreduce_in_step(two, "sha256:aa") == 1.8
+    cache.put_overheads(two, "sha256:aa", 30e-6, 40e-6, 12)               # measured again without it
+    other.put_runtime_of(cache)
+    assert cache.allreduce_in_step(two, "sha256:aa") is None and other.allreduce_in_step(two, "sha256:aa") is None
+    for bad in (-0.5, float("nan")):
+        with pytest.raises(CostModelError, match="what the all-reduces add to a step must be a finite, non-negative"):
+            cache.put_overheads(two, "sha256:aa", 30e-6, 40e-6, 12, allreduce_in_step=bad)
+    doc = json.loads((tmp_path / "profile.json").read_text())
+    doc["overheads"]["CPU-core|gloo|2|fp=sha256:aa"]["allreduce_in_step"] = -1
+    (tmp_path / "profile.json").write_text(json.dumps(doc))
+    with pytest.raises(CostModelError, match="allreduce_in_step"):
+        ProfileCache.load(tmp_path / "profile.json")
+
+
 @pytest.mark.parametrize("exchange", [(1e-6, -1e-6), (float("inf"), 1e-6), (1e-6,), "fast"])
 def test_put_overheads_rejects_an_exchange_call_that_is_not_a_measurement(exchange):
     with pytest.raises(CostModelError, match="an exchange call's seconds must be two finite, non-negative numbers"):

@@ -687,6 +687,42 @@ def test_each_rank_issues_a_buckets_all_reduce_on_its_program_before_it_starts()
     assert res.step_time > none.step_time
 
 
+def test_a_bucket_all_reduce_lasts_what_the_models_own_steps_showed_it_adds():
+    """Where `autopar profile` measured what the buckets' all-reduces add to a model's own
+    data-parallel step, over what the calibration's all-reduce says (``allreduce_in_step``), each
+    bucket's all-reduce of that model lasts that many times the calibrated time; other models,
+    and a cache without it, keep the calibrated time."""
+    from dataclasses import replace
+
+    from autopar.planner.cost import ProfileCache
+    g, other = rnn(steps=3), mlp()
+    topo = get_preset("local:2")
+    cal = replace(default_calibration(topo.devices[0].product, "gloo", 2), source="measured")
+    cache = ProfileCache()
+    cache.put_calibration(cal)
+    cache.put_overheads(cal, g.fingerprint, 30e-6, 35e-6, 12, allreduce_in_step=2.5)
+    cache.put_overheads(cal, other.fingerprint, 30e-6, 35e-6, 12)
+    assert cal.bucket_time(1 << 20, 2) == cal.allreduce_time(1 << 20, 2)
+
+    def buckets(graph, c):
+        b = TaskGraphBuilder(graph, topo, CostModel(c).bind(graph))
+        tg = simulate_strategy(b, data_parallel(graph, 2))[2]
+        return b.runtime, {k: tg.task(k) for k in tg if k[0] == 2 and len(k) == 3}
+
+    def seconds(t):       # one duration per resource the all-reduce holds: the links, and the ranks' cores
+        return list(t.duration) if isinstance(t.duration, tuple) else [t.duration]
+    rt, mine = buckets(g, cache)
+    assert rt.allreduce_in_step == 2.5 and mine
+    for t in mine.values():
+        assert seconds(t) == pytest.approx([2.5 * cal.allreduce_time(t.nbytes, 2)] * len(seconds(t)))
+    rt, theirs = buckets(other, cache)
+    assert rt.allreduce_in_step == 1.0 and theirs
+    for t in theirs.values():
+        assert seconds(t) == pytest.approx([cal.allreduce_time(t.nbytes, 2)] * len(seconds(t)))
+    cache.put_overheads(cal, g.fingerprint, 30e-6, 35e-6, 12)       # measured again without it: gone
+    assert buckets(g, cache)[0].allreduce_in_step == 1.0
+
+
 def test_a_models_own_overheads_replace_the_chains_for_that_model_only():
     """Where `autopar profile` timed the runtime's work between its spans in a model's own steps,
     the simulator charges that per task, plus the chains' work inside the spans; other models
