@@ -725,7 +725,7 @@ def model_overheads(model: str, options: Mapping[str, Any] | None, world: int, *
     an op's exchange beside any message (`planner.sim.trainer_model._local_calls`: 0.2-0.9 ms of a
     data-parallel step on the AMD VM of 2026-11-29).  `model` and `options` as `autopar profile`
     takes them (each rank imports the model itself).  About as long as 15 single-device steps and
-    50 data-parallel ones."""
+    60 data-parallel ones."""
     if world < 1:
         raise ValueError(f"model_overheads needs at least one rank, got world={world}")
     per_rank = run_local(_model_overhead_rank, world, (model, dict(options or {}), quick))
@@ -779,7 +779,7 @@ def ensure_model_overheads(cache, model: str, options: Mapping[str, Any] | None,
     if have is not None and calls is not None and (in_step is not None or workers < 2) and not remeasure:
         return _overheads_result("kept", model, have[0], have[1], calls, in_step)
     if progress is not None:
-        progress(f"the runtime's own work per op in {model}'s steps")
+        progress(f"the runtime's own work per op, and what its all-reduces add, in {model}'s steps")
     t0 = time.perf_counter()
     try:
         res = model_overheads(model, options, workers, quick=quick)
