@@ -90,7 +90,7 @@ is: run it when nothing else competes for the cores.  `calibrate(world)` measure
    data parallelism, in alternating blocks with its gradient buckets' all-reduces and without
    them (`model_sync`), and stores what they added to the step over what the all-reduce curve
    (2.) says for those buckets: an all-reduce timed alone is not what it costs while the backward
-   pass runs on the same core (1.5-2.6x on the AMD VM, docs/simulation.md, "Thirtieth round").
+   pass runs on the same core (1.4-3.0x on the AMD VM, docs/simulation.md, "Thirtieth round").
 
 4. **Exchange overhead** (``exchange_s``): two ranks step the same chains under a plan that puts
    op i on rank i mod 2, so every op exchanges its input forward and its gradient backward, with

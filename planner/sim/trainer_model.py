@@ -105,9 +105,9 @@ def trainer_calibration(topology, cost, graph: OperatorGraph | None = None) -> R
     the chains never make such a call, and without the model's own steps they cost nothing.  And a
     gradient bucket's all-reduce is charged at what the buckets' all-reduces added to the model's
     own data-parallel steps, over what the calibration's all-reduce says for them
-    (``allreduce_in_step``, `RuntimeCalibration.bucket_time`): on the AMD VM of 2026-11-29 1.5x
-    (alexnet) to 2.6x (rnnlm, the tagger), the all-reduce's thread sharing the rank's core with
-    the backward pass (docs/simulation.md, "Thirtieth round")."""
+    (``allreduce_in_step``, `RuntimeCalibration.bucket_time`): on the AMD VM of 2026-11-29 1.4x
+    (alexnet) to 3.0x (rnnlm), the all-reduce's threads sharing the rank's core with the backward
+    pass (docs/simulation.md, "Thirtieth round")."""
     devices = topology.devices
     if not devices or len({d.product for d in devices}) != 1:
         return None
