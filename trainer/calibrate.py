@@ -618,17 +618,8 @@ def _model_sync_rank(rank: int, world: int, model: str, options: dict[str, Any],
     alternating blocks with its gradient buckets' all-reduces and without them (each issue a
     no-op: the step then never synchronizes), a barrier before every step; per timed step its
     seconds and whether the all-reduces ran, and the bytes of the buckets this rank reduces."""
-    from autopar.planner.ir import data_parallel, import_spec
-    from autopar.planner.zoo import load_model
-
-    from .comm import ProcessGroups
-    from .optim import OptimizerConfig
-    from .session import Trainer
-    from .train import Job, TrainConfig
-    spec = load_model(model, **options)
-    graph = import_spec(spec)
-    cfg = TrainConfig(model=spec.name, optimizer=OptimizerConfig("sgd", lr=0.01, momentum=0.9), log=False)
-    tr = Trainer(Job(cfg, spec, graph, data_parallel(graph, world)), rank, world, ProcessGroups(), torch.device("cpu"))
+    from autopar.planner.ir import data_parallel
+    tr = _model_trainer(rank, world, model, options, lambda graph: data_parallel(graph, world))
     sync = tr.runtime.sync
     issue = sync._issue
     untimed, blocks, per_block = SYNC_STEPS[quick]
@@ -675,14 +666,10 @@ def model_sync(model: str, options: Mapping[str, Any] | None, world: int, *,
             "steps": len(steps)}
 
 
-def _model_overhead_rank(rank: int, world: int, model: str, options: dict[str, Any], quick: bool) -> dict[str, Any]:
-    """One rank: `model` whole on this rank (every op on device `rank`, so no rank waits for
-    another), stepped by the trainer's own `Trainer`; per timed step, the wall time of the
-    runtime's forward and backward passes less their spans (`_timed_passes`), and its exchange
-    spans, every one a call that moves nothing between ranks (`runtime.exchange_calls`)."""
-    from .runtime import exchange_calls
-    from autopar.planner.ir import import_spec, single_device
-    from autopar.planner.sim import requires_grad
+def _model_trainer(rank: int, world: int, model: str, options: dict[str, Any], plan: Callable[[Any], Any]):
+    """The trainer's own `Trainer` for `model` (built with `options`) under `plan(graph)` on this
+    CPU rank, with the optimizer the benchmarks step (sgd with momentum)."""
+    from autopar.planner.ir import import_spec
     from autopar.planner.zoo import load_model
 
     from .comm import ProcessGroups
@@ -691,9 +678,20 @@ def _model_overhead_rank(rank: int, world: int, model: str, options: dict[str, A
     from .train import Job, TrainConfig
     spec = load_model(model, **options)
     graph = import_spec(spec)
-    strategy = single_device(graph, rank)
     cfg = TrainConfig(model=spec.name, optimizer=OptimizerConfig("sgd", lr=0.01, momentum=0.9), log=False)
-    tr = Trainer(Job(cfg, spec, graph, strategy), rank, world, ProcessGroups(), torch.device("cpu"))
+    return Trainer(Job(cfg, spec, graph, plan(graph)), rank, world, ProcessGroups(), torch.device("cpu"))
+
+
+def _model_overhead_rank(rank: int, world: int, model: str, options: dict[str, Any], quick: bool) -> dict[str, Any]:
+    """One rank: `model` whole on this rank (every op on device `rank`, so no rank waits for
+    another), stepped by the trainer's own `Trainer`; per timed step, the wall time of the
+    runtime's forward and backward passes less their spans (`_timed_passes`), and its exchange
+    spans, every one a call that moves nothing between ranks (`runtime.exchange_calls`)."""
+    from .runtime import exchange_calls
+    from autopar.planner.ir import single_device
+    from autopar.planner.sim import requires_grad
+    tr = _model_trainer(rank, world, model, options, lambda graph: single_device(graph, rank))
+    graph = tr.job.graph
     last = _timed_passes(tr.runtime)
     untimed, timed = MODEL_STEPS[quick]
     fwd, bwd, fwd_x, bwd_x = [], [], [], []
