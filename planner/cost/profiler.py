@@ -65,6 +65,7 @@ runs the two on two streams (`planner.sim.trainer_model.op_plan`).  Run on an NV
 
 from __future__ import annotations
 
+import math
 import os
 import queue
 import statistics
@@ -589,6 +590,11 @@ def measure_task(graph: OperatorGraph, op: Op, degrees: tuple[int, ...], device:
     ranges, inputs, params = _task_tensors(graph, op, degrees, device, gen, module)
     evict = cache_evictor(device, cache_level) if cold else None
     kept = _Retained() if cold else None
+    if kept is not None and device.type == "cpu":
+        _, out_shapes, _ = task_shapes(op, degrees, graph_input_shapes(graph, op), ranges)
+        outs_bytes = sum(math.prod(s) * _TORCH_DTYPES[o.dtype].itemsize for s, o in zip(out_shapes, op.outputs))
+        grads_bytes = sum(t.numel() * t.element_size() for t in inputs if t.requires_grad)
+        fault_in_heap(kept.most_bytes(max(outs_bytes, grads_bytes)) + 2 * (outs_bytes + grads_bytes) + HEAP_SLACK)
 
     def fwd():
         out = forward_task(op, ranges, inputs, params, **extra)
@@ -629,6 +635,35 @@ def measure_task(graph: OperatorGraph, op: Op, degrees: tuple[int, ...], device:
     return fwd_s, max(bwd_s - fixed, per_node)
 
 
+#: Heap faulted in beyond what a task's retained results and temporaries need (`measure_task`).
+HEAP_SLACK = 64 << 20
+
+#: Bytes of heap this process has already faulted in and freed (`fault_in_heap`).
+_heap_faulted = 0
+
+
+def fault_in_heap(nbytes: int) -> None:
+    """Have the next `nbytes` of this process's heap mapped: touch a block of that size once and
+    free it (once per process and size; a larger request touches again).
+
+    A step's steady state reuses the blocks its first step faulted in (`keep_freed_memory`): in
+    rnnlm's and the transformer's steps, 0-5 minor page faults a step but for an occasional 500-2000.
+    The profiler keeps each call's results alive (`_Retained`, up to 256 MiB), so every measured
+    call allocated where the heap had never been, and paid the kernel's first touch of every page
+    in the task's time: the transformer's cross-entropy over a whole batch (8 MiB of logits) took
+    18.0 ms backward with 16,000 faults, 1.3 ms with the heap faulted in first (1.2 ms in its
+    steps), and every task measured while a worker's heap was still growing was priced high
+    (docs/simulation.md, "Thirty-first round").  Needs `keep_freed_memory`: where glibc returns
+    large blocks to the system on free, the touched block is gone again and this only costs time."""
+    global _heap_faulted
+    if nbytes <= _heap_faulted:
+        return
+    block = torch.empty(nbytes, dtype=torch.uint8)
+    block.fill_(0)
+    del block
+    _heap_faulted = nbytes
+
+
 class _Retained:
     """The last results of a measured call, kept alive so that each call writes its result to
     memory that has not just been used, as in a step.
@@ -643,6 +678,10 @@ class _Retained:
         self.max_bytes, self.min_items = max_bytes, min_items
         self._items: list[list[torch.Tensor]] = []
         self._bytes = 0
+
+    def most_bytes(self, item: int) -> int:
+        """The most bytes kept at once (the newest result included) when every result has `item` bytes."""
+        return self.max_bytes + (self.min_items + 1) * item
 
     def add(self, tensors: list[torch.Tensor]) -> None:
         size = sum(t.numel() * t.element_size() for t in tensors)
