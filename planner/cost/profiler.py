@@ -594,7 +594,7 @@ def measure_task(graph: OperatorGraph, op: Op, degrees: tuple[int, ...], device:
         _, out_shapes, _ = task_shapes(op, degrees, graph_input_shapes(graph, op), ranges)
         outs_bytes = sum(math.prod(s) * _TORCH_DTYPES[o.dtype].itemsize for s, o in zip(out_shapes, op.outputs))
         grads_bytes = sum(t.numel() * t.element_size() for t in inputs if t.requires_grad)
-        fault_in_heap(kept.most_bytes(max(outs_bytes, grads_bytes)) + 2 * (outs_bytes + grads_bytes) + HEAP_SLACK)
+        fault_in_heap(kept.most_bytes(max(outs_bytes, grads_bytes)) + outs_bytes + grads_bytes + HEAP_SLACK)
 
     def fwd():
         out = forward_task(op, ranges, inputs, params, **extra)
@@ -638,8 +638,19 @@ def measure_task(graph: OperatorGraph, op: Op, degrees: tuple[int, ...], device:
 #: Heap faulted in beyond what a task's retained results and temporaries need (`measure_task`).
 HEAP_SLACK = 64 << 20
 
+#: `fault_in_heap` touches at most this fraction (1/HEAP_SHARE) of the machine's memory: a task whose
+#: results take more pays the faults rather than risk the memory of the other workers.
+HEAP_SHARE = 4
+
 #: Bytes of heap this process has already faulted in and freed (`fault_in_heap`).
 _heap_faulted = 0
+
+
+def _physical_bytes() -> int:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return 8 << 30
 
 
 def fault_in_heap(nbytes: int) -> None:
@@ -651,11 +662,12 @@ def fault_in_heap(nbytes: int) -> None:
     The profiler keeps each call's results alive (`_Retained`, up to 256 MiB), so every measured
     call allocated where the heap had never been, and paid the kernel's first touch of every page
     in the task's time: the transformer's cross-entropy over a whole batch (8 MiB of logits) took
-    18.0 ms backward with 16,000 faults, 1.3 ms with the heap faulted in first (1.2 ms in its
-    steps), and every task measured while a worker's heap was still growing was priced high
-    (docs/simulation.md, "Thirty-first round").  Needs `keep_freed_memory`: where glibc returns
+    18.0 ms backward with 16,000 faults, 1.3 ms with the heap faulted in first (1.2-1.7 ms in its
+    steps), and any task with large results measured while a worker's heap was still growing was
+    priced high (docs/simulation.md, "Thirty-first round").  Needs `keep_freed_memory`: where glibc returns
     large blocks to the system on free, the touched block is gone again and this only costs time."""
     global _heap_faulted
+    nbytes = min(nbytes, _physical_bytes() // HEAP_SHARE)
     if nbytes <= _heap_faulted:
         return
     block = torch.empty(nbytes, dtype=torch.uint8)
@@ -680,8 +692,8 @@ class _Retained:
         self._bytes = 0
 
     def most_bytes(self, item: int) -> int:
-        """The most bytes kept at once (the newest result included) when every result has `item` bytes."""
-        return self.max_bytes + (self.min_items + 1) * item
+        """The most bytes kept at once, the newest result included, when no result is larger than `item`."""
+        return max(self.max_bytes, self.min_items * item) + item
 
     def add(self, tensors: list[torch.Tensor]) -> None:
         size = sum(t.numel() * t.element_size() for t in tensors)

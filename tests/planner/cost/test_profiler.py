@@ -500,7 +500,20 @@ def test_results_are_kept_so_each_call_writes_to_memory_the_last_did_not_use():
     big = _Retained(max_bytes=1, min_items=2)
     for t in tensors:
         big.add([t])
+        assert big._bytes <= big.most_bytes(4096) and kept._bytes <= kept.most_bytes(4096)
     assert len(big._items) == 2                           # never fewer than min_items
+    assert big.most_bytes(4096) == 3 * 4096 and kept.most_bytes(4096) == 4 * 4096
+
+
+def test_the_heap_faulted_in_grows_once_per_size_and_stays_within_a_share_of_memory(monkeypatch):
+    from autopar.planner.cost import profiler
+    monkeypatch.setattr(profiler, "_heap_faulted", 0)
+    monkeypatch.setattr(profiler, "_physical_bytes", lambda: 64 << 20)
+    touched = []
+    monkeypatch.setattr(profiler.torch, "empty", lambda n, dtype: touched.append(n) or torch.zeros(1, dtype=dtype))
+    for n in (1 << 20, 1 << 19, 2 << 20, 1 << 30):
+        profiler.fault_in_heap(n)
+    assert touched == [1 << 20, 2 << 20, (64 << 20) // profiler.HEAP_SHARE]
 
 
 def test_a_task_is_profiled_with_the_models_own_parameter_values():
