@@ -592,7 +592,7 @@ def measure_task(graph: OperatorGraph, op: Op, degrees: tuple[int, ...], device:
     kept = _Retained() if cold else None
     if kept is not None and device.type == "cpu":
         _, out_shapes, _ = task_shapes(op, degrees, graph_input_shapes(graph, op), ranges)
-        outs_bytes = sum(math.prod(s) * _TORCH_DTYPES[o.dtype].itemsize for s, o in zip(out_shapes, op.outputs))
+        outs_bytes = sum(math.prod(s) * o.itemsize for s, o in zip(out_shapes, op.outputs))
         grads_bytes = sum(t.numel() * t.element_size() for t in inputs if t.requires_grad)
         fault_in_heap(kept.most_bytes(max(outs_bytes, grads_bytes)) + outs_bytes + grads_bytes + HEAP_SLACK)
 
@@ -664,8 +664,9 @@ def fault_in_heap(nbytes: int) -> None:
     in the task's time: the transformer's cross-entropy over a whole batch (8 MiB of logits) took
     18.0 ms backward with 16,000 faults, 1.3 ms with the heap faulted in first (1.2-1.7 ms in its
     steps), and any task with large results measured while a worker's heap was still growing was
-    priced high (docs/simulation.md, "Thirty-first round").  Needs `keep_freed_memory`: where glibc returns
-    large blocks to the system on free, the touched block is gone again and this only costs time."""
+    priced high (docs/simulation.md, "Thirty-first round").  Needs `keep_freed_memory`: where
+    glibc returns large blocks to the system on free, the touched block is gone again and this
+    only costs time."""
     global _heap_faulted
     nbytes = min(nbytes, _physical_bytes() // HEAP_SHARE)
     if nbytes <= _heap_faulted:
