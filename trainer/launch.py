@@ -226,28 +226,28 @@ def run_local(fn: Callable, nproc: int, args: Sequence[Any] = (), *, backend: st
     still, but only safe in a process that has not run autograd since it entered a fake-tensor mode.
 
     `graceful`: the ranks handle SIGINT and SIGTERM themselves (finish the step, checkpoint, stop);
-    the parent forwards the first of either it gets to them (it handles SIGTERM while the ranks run,
-    from the main thread; the previous handler is back when this returns), and a second one, or
-    ranks still running `STOP_SECONDS` later, end the job (KeyboardInterrupt).  Without it, Ctrl-C
-    kills the ranks and SIGTERM keeps its usual meaning.
+    the parent forwards the first of either it gets to them, and a second one, or ranks still
+    running `STOP_SECONDS` later, end the job (KeyboardInterrupt).  Called from the main thread,
+    the parent handles both signals itself while the ranks run, noting them for its loop to act
+    on; the previous handlers are back when this returns.  (With Python's own SIGINT handler the
+    loop caught the KeyboardInterrupt only in its poll of the ranks; one raised anywhere else in
+    the loop ended the job without its ranks' checkpoint, once in a CI run of 2026-11-29.)
+    Without it, Ctrl-C kills the ranks and SIGTERM keeps its usual meaning.
     """
     if nproc < 1:
         raise TrainerConfigError(f"--nproc must be at least 1, got {nproc}")
     ctx = mp.get_context(start_method or _default_start_method(backend))
     port = free_port()
     env = dict(os.environ)
-    terms: list[int] = []           # SIGTERMs the parent got (graceful: handled in the loop below)
-    old_term = _NOT_SET
+    stops: list[int] = []           # SIGINTs and SIGTERMs the parent got (graceful: handled in the loop below)
+    old: dict[int, Any] = {}
     if graceful and threading.current_thread() is threading.main_thread():
-        old_term = signal.signal(signal.SIGTERM, lambda signum, frame: terms.append(signum))
+        old = {s: signal.signal(s, lambda signum, frame: stops.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        return _run_ranks(ctx, fn, nproc, args, port, backend, timeout, env, grace, graceful, terms)
+        return _run_ranks(ctx, fn, nproc, args, port, backend, timeout, env, grace, graceful, stops)
     finally:
-        if old_term is not _NOT_SET:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL if old_term is None else old_term)
-
-
-_NOT_SET = object()
+        for s, handler in old.items():
+            signal.signal(s, signal.SIG_DFL if handler is None else handler)
 
 
 def _forward(procs: list, signum: int) -> None:
@@ -259,7 +259,7 @@ def _forward(procs: list, signum: int) -> None:
 
 
 def _run_ranks(ctx, fn: Callable, nproc: int, args: Sequence[Any], port: int, backend: str, timeout: float,
-               env: dict[str, str], grace: float, graceful: bool, terms: list[int]) -> list[Any]:
+               env: dict[str, str], grace: float, graceful: bool, stops: list[int]) -> list[Any]:
     with tempfile.TemporaryDirectory(prefix="autopar-ranks-") as out_dir:
         procs = [ctx.Process(target=_worker, args=(r, fn, nproc, port, backend, timeout, out_dir, tuple(args), env),
                              name=f"autopar-rank{r}", daemon=False) for r in range(nproc)]
@@ -289,19 +289,14 @@ def _run_ranks(ctx, fn: Callable, nproc: int, args: Sequence[Any], port: int, ba
                             p.kill()
                             p.join()
                     break
-                try:
-                    alive[0].join(0.05)
-                except KeyboardInterrupt:
-                    if not graceful or interrupted_at is not None:
-                        raise
-                    interrupted_at = time.monotonic()
-                    _forward(alive, signal.SIGINT)
-                if terms:       # SIGTERM to the parent (a pod being stopped): the same as Ctrl-C
-                    terms.clear()
-                    if interrupted_at is not None:
+                alive[0].join(0.05)
+                if stops:       # Ctrl-C, or SIGTERM to the parent (a pod being stopped)
+                    first, again = stops[0], len(stops) > 1
+                    stops.clear()
+                    if again or interrupted_at is not None:
                         raise KeyboardInterrupt
                     interrupted_at = time.monotonic()
-                    _forward(alive, signal.SIGTERM)
+                    _forward(alive, first)
         except BaseException:
             for p in procs:
                 if p.exitcode is None:

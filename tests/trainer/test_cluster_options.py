@@ -243,6 +243,42 @@ def test_without_a_signal_no_stop_and_the_handlers_come_back():
     assert run_local(_no_stop, 2) == [(0, True)] * 2
 
 
+def _stop_when_told(rank: int, world: int, ready: str) -> int:
+    """Every rank waits, a step at a time, until the ranks agree on a stop (rank 0 says when it listens)."""
+    stop = _StopRequest(None)
+    if rank == 0:
+        Path(ready).touch()
+    for _ in range(1200):
+        agreed = stop.agreed()
+        if agreed:
+            break
+        time.sleep(0.05)
+    stop.restore()
+    return agreed
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_to_the_parent_is_noted_by_its_own_handler_and_forwarded_to_the_ranks(tmp_path):
+    """A Ctrl-C must never surface as KeyboardInterrupt in the parent's loop, wherever the parent is
+    when it comes: the parent holds its own SIGINT handler while the ranks run."""
+    import threading
+    ready, seen = tmp_path / "ready", {}
+    before = signal.getsignal(signal.SIGINT)
+
+    def ctrl_c() -> None:
+        while not ready.exists():
+            time.sleep(0.05)
+        seen["handler"] = signal.getsignal(signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    thread = threading.Thread(target=ctrl_c, daemon=True)
+    thread.start()
+    assert run_local(_stop_when_told, 2, (str(ready),), graceful=True) == [int(signal.SIGINT)] * 2
+    thread.join(5)
+    assert seen["handler"] not in (signal.default_int_handler, signal.SIG_DFL, before)
+    assert signal.getsignal(signal.SIGINT) == before
+
+
 @pytest.mark.timeout(120)
 def test_run_local_puts_the_parents_sigterm_handler_back():
     before = signal.getsignal(signal.SIGTERM)
