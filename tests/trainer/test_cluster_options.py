@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -261,7 +262,6 @@ def _stop_when_told(rank: int, world: int, ready: str) -> int:
 def test_ctrl_c_to_the_parent_is_noted_by_its_own_handler_and_forwarded_to_the_ranks(tmp_path):
     """A Ctrl-C must never surface as KeyboardInterrupt in the parent's loop, wherever the parent is
     when it comes: the parent holds its own SIGINT handler while the ranks run."""
-    import threading
     ready, seen = tmp_path / "ready", {}
     before = signal.getsignal(signal.SIGINT)
 
