@@ -1,7 +1,8 @@
 """`autopar profile`: measure op times on this machine into the profile cache (on the CPU twice:
-with the core's L2 evicted before every call, and with the last-level cache evicted), the runtime
-calibration of ``local:N`` (`autopar.trainer.calibrate`) the first time, or with --recalibrate,
-and the runtime's own work per op in the model's own steps (`ensure_model_overheads`)."""
+with the core's L2 evicted before every call, each call followed by calls back to back, and with
+the last-level cache evicted), the runtime calibration of ``local:N``
+(`autopar.trainer.calibrate`) the first time, or with --recalibrate, and the runtime's own work
+per op in the model's own steps (`ensure_model_overheads`)."""
 
 from __future__ import annotations
 

@@ -162,9 +162,11 @@ def _build_parser(command: str | None = None) -> argparse.ArgumentParser:
                                     "topology) can produce on this machine's CPU (or GPU when present), with "
                                     "warm-up and the median of repeats, and store forward/backward times in "
                                     "the profile cache the cost model reads.  On the CPU each task is measured "
-                                    "with the core's L2 evicted before every call and again with the last-level "
-                                    "cache evicted; the simulator prices it between the two by what the cores' "
-                                    "shared cache holds of its data in the step.")
+                                    "with the core's L2 evicted before every call, each call followed by calls "
+                                    "back to back with nothing evicted, and again with the last-level cache "
+                                    "evicted; the simulator prices it between the two by what the cores' shared "
+                                    "cache holds of its data in the step, from its back-to-back time where the "
+                                    "step runs it right after the same task.")
     add_model_args(pr)
     pr.add_argument("--repeats", type=int, default=5, help="timed runs per task (median is kept)")
     pr.add_argument("--rounds", type=int, default=3,

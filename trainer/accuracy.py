@@ -182,11 +182,11 @@ def _measure(rank: int, world: int, jobs: list[Job], warmup: int, steps: int,
     measure them): one pass over them per round, a share of it before each block, so that the ops
     are timed in the same minutes as the steps, spread over them as the steps are.  A block's
     untimed steps warm its caches again after the share.  Returns (steps, per item the passes'
-    (forward, backward, error)) then."""
+    (forward, backward, error, and where measured the back-to-back forward and backward)) then."""
     trainers = [Trainer(job, rank, world, ProcessGroups()) for job in jobs]
     out: list[list[tuple[float, dict]]] = [[] for _ in trainers]
     done = [0] * len(trainers)
-    measured: list[list[tuple[float, float, str | None]]] = []
+    measured: list[list[tuple]] = []
     if profile is not None:
         import torch
 
@@ -202,8 +202,9 @@ def _measure(rank: int, world: int, jobs: list[Job], warmup: int, steps: int,
         for j, k in enumerate(order):
             if profile is not None:
                 for n in range(j * len(items) // len(order), (j + 1) * len(items) // len(order)):
-                    measured[n].append(lockstep_task(graph, module, kind, items[n], dist.barrier, repeats=repeats,
-                                                     warmup=2, budget=2.0, overhead=overhead))
+                    hot: list[float] = []
+                    measured[n].append((*lockstep_task(graph, module, kind, items[n], dist.barrier, repeats=repeats,
+                                                       warmup=2, budget=2.0, overhead=overhead, hot=hot), *hot))
             tr = trainers[k]
             for i in range(skip + block):
                 dist.barrier()

@@ -26,12 +26,13 @@ invalidated when the cache changes: build a new `CostModel` after profiling.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Callable, Mapping
 
 from ..errors import CostModelError
 from ..hardware.topology import Device
 from ..ir.graph import DTYPE_BYTES, Op, OperatorGraph
-from .profile_cache import COLD_SUFFIX, ProfileCache, attrs_text, cold_kind, key_of_shapes, op_dtype, task_shapes
+from .profile_cache import (COLD_SUFFIX, ProfileCache, attrs_text, cold_kind, hot_kind, key_of_shapes, op_dtype,
+                            task_shapes)
 
 __all__ = ["AnalyticModel", "CostModel", "Estimate", "KindClass", "graph_input_shapes", "kind_class"]
 
@@ -351,6 +352,7 @@ class CostModel:
         self.cold = cold
         self.analytic = analytic if analytic is not None else AnalyticModel()
         self._cold_memo: dict[tuple, Estimate | None] = {}
+        self._hot_memo: dict[tuple, Estimate | None] = {}
         self._has_cold: bool | None = None
         self._memo: dict[tuple, tuple[Op, Estimate]] = {}
         self._counts = {"profile": 0, "analytic": 0}
@@ -412,19 +414,34 @@ class CostModel:
         """The task's forward and backward seconds measured with the last-level cache evicted
         before every call (``autopar profile`` on the CPU measures both), or None where they were
         not measured; `planner.sim.reuse` prices a step's tasks between the two."""
+        return self._measured_apart(op, degrees, device, input_shapes, cold_kind, self._cold_memo, self.cold)
+
+    def hot_cost(self, op: Op, degrees: tuple[int, ...], device: Device,
+                 input_shapes: Shapes | None = None) -> Estimate | None:
+        """The task's forward and backward seconds measured back to back, each call right after the
+        same task's with nothing evicted in between (``autopar profile`` on the CPU measures them
+        with the others: `planner.cost.measure_task`), or None where they were not measured;
+        `planner.sim.reuse` prices at them a task that a step runs right after the same task."""
+        return self._measured_apart(op, degrees, device, input_shapes, hot_kind, self._hot_memo, None)
+
+    def _measured_apart(self, op: Op, degrees: tuple[int, ...], device: Device, input_shapes: Shapes | None,
+                        kind: Callable[[str], str], memo: dict[tuple, Estimate | None],
+                        own: ProfileCache | None) -> Estimate | None:
+        """The task's times that `cache` keeps under the `kind` of the device's product, or that
+        `own` keeps under the product itself (`cold_cost`, `hot_cost`)."""
         if input_shapes is not None:
             input_shapes = tuple(tuple(s) for s in input_shapes)
         key = (id(op), tuple(degrees), device.product, input_shapes)
-        if key in self._cold_memo:
-            return self._cold_memo[key]
+        if key in memo:
+            return memo[key]
         shards = task_shapes(op, tuple(degrees), self._shapes(op, input_shapes))
         found = None
-        if self.cold is not None:
-            found = self.cold.get(key_of_shapes(op, device.product, shards))
+        if own is not None:
+            found = own.get(key_of_shapes(op, device.product, shards))
         if found is None and self.cache is not None:
-            found = self.cache.get(key_of_shapes(op, cold_kind(device.product), shards))
+            found = self.cache.get(key_of_shapes(op, kind(device.product), shards))
         est = None if found is None else Estimate(found[0], found[1], "profile")
-        self._cold_memo[key] = est
+        memo[key] = est
         return est
 
     @property

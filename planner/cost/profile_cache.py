@@ -24,6 +24,11 @@ File format (``version`` 1)::
 On a GPU an entry also has ``"host": [forward, backward]``: the seconds the host spends issuing
 the task's kernels, beside the kernels' own time on the device (the two run side by side, see
 `planner.sim.trainer_model`).  CPU entries have none: there the host runs the kernels itself.
+On the CPU a task has up to three entries, under three products: ``CPU-core`` (every call after
+the core's L2 cache was evicted), ``CPU-core (back to back)`` (the calls made right after those,
+with nothing evicted in between: `hot_kind`) and ``CPU-core (last level cold)`` (every call after
+the last-level cache was evicted: `cold_kind`); `planner.sim.reuse` prices a step's tasks between
+them.
 
 Beside the op times, ``"overheads"`` holds the runtime's own work per task measured in a model's
 own steps (`trainer.calibrate.model_overheads`), by ``"<calibration key>|<graph fingerprint>"``:
@@ -71,7 +76,8 @@ FORMAT_VERSION = 1
 #: 4: on the CPU, other ops' code runs before every call, as in a step (`profiler._Interloper`).
 #: 5: the concurrent CPU workers bound to their own cores, as the trainer's gloo ranks
 #: (`profiler.bind_to_own_cores`).
-MEASUREMENT_METHOD = 5
+#: 6: on the CPU, each timed call is followed by calls back to back, stored apart (`hot_kind`).
+MEASUREMENT_METHOD = 6
 
 Shape = tuple[int, ...]
 
@@ -181,6 +187,23 @@ COLD_SUFFIX = " (last level cold)"
 def cold_kind(device_kind: str) -> str:
     """The device product under which a cache keeps `device_kind`'s op times measured cold."""
     return device_kind if device_kind.endswith(COLD_SUFFIX) else device_kind + COLD_SUFFIX
+
+
+#: What the device product of a key gets for op times measured back to back: the calls that follow
+#: a timed call on the CPU with nothing evicted in between (`planner.cost.measure_task`), kept beside
+#: the ordinary ones in the same cache (`CostModel.hot_cost`).
+HOT_SUFFIX = " (back to back)"
+
+
+def hot_kind(device_kind: str) -> str:
+    """The device product under which a cache keeps `device_kind`'s op times measured back to back."""
+    return device_kind if device_kind.endswith(HOT_SUFFIX) else device_kind + HOT_SUFFIX
+
+
+def hot_key(key: str) -> str:
+    """The key under which a cache keeps the back-to-back times of the task whose key is `key`."""
+    kind, rest = key.split("|", 1)
+    return f"{hot_kind(kind)}|{rest}"
 
 
 def task_key(op: Op, degrees: Sequence[int], device_kind: str, input_shapes: Sequence[Sequence[int]]) -> str:

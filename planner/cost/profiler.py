@@ -52,6 +52,19 @@ backward pass cannot be forked safely) and import the model themselves by name. 
 ``concurrent=False`` and CUDA devices measure in the calling process; on the CPU it too keeps
 freed memory (`keep_freed_memory`), as the workers and the trainer's ranks do.
 
+Back to back.  Some steps do run a task right after the same task: under data or model
+parallelism each rank runs rnnlm's unrolled cells, and then its decoders, eight at a time on the
+same weights.  Such a call costs less than one that follows other ops.  In rnnlm's data-parallel
+steps (2026-11-29, docs/simulation.md, "Thirty-third round"), the eight decoders' forward calls
+took 1.12, 0.87, 0.67, 0.57, 0.56, 0.59, 0.54 and 0.54 ms in turn, where the profile priced each
+at 1.05 ms; the first layer's cells took 0.53, 0.30, 0.24, 0.21, 0.20, 0.19, 0.19 and 0.19 ms,
+priced at 0.30 ms.  So on the CPU, with the L2 evicted, every call (warm-up and timed) is followed
+by `BACK_TO_BACK` calls with nothing evicted in between (a backward call only after its inputs'
+gradients are reset), timed apart.  Their mean is stored under `hot_kind` products, where
+`CostModel.hot_cost` finds them; `planner.sim.reuse` prices a task at it where the step runs it
+right after the same task.  Measured that way in two workers, the decoder's forward took 847 us
+after the eviction, then 649, 580 and 560 us; a cell's took 242, then 184, 182 and 182 us.
+
 Timing: ``time.perf_counter`` around each call on CPU (PyTorch CPU ops are synchronous).  On
 CUDA two numbers per call (`_cuda_times`): the kernels' seconds on the device, from
 ``torch.cuda.Event`` pairs around each call while a sleep kernel keeps the GPU busy so that the
@@ -83,7 +96,7 @@ from ..errors import CostModelError, TopologyError
 from ..hardware.catalog import LOCAL_CPU, lookup
 from ..ir.graph import Op, OperatorGraph
 from .model import graph_input_shapes
-from .profile_cache import ProfileCache, cold_kind, representative_ranges, task_key, task_shapes
+from .profile_cache import ProfileCache, cold_kind, hot_key, representative_ranges, task_key, task_shapes
 
 ForwardTask = Callable[[Op, dict, list, list], Any]
 
@@ -100,6 +113,8 @@ EVICT_CAP_BYTES = 64 << 20
 CACHE_LEVELS = ("l2", "llc")
 #: The most the last-level eviction buffer may take (twice the last-level cache, up to this).
 LLC_EVICT_CAP_BYTES = 128 << 20
+#: Calls made back to back after each timed call on the CPU (module doc, "Back to back").
+BACK_TO_BACK = 3
 
 
 @dataclass(frozen=True)
@@ -426,7 +441,8 @@ def _cuda_times(fn: Callable[[], Any], device: torch.device, repeats: int, prepa
 def _timed_seconds(fn: Callable[[], Any], device: torch.device, warmup: int, repeats: int,
                    budget: float | None = None, *, setup: Callable[[], None] | None = None,
                    sync: Callable[[], None] | None = None, statistic: str = "mean",
-                   host: list | None = None) -> float:
+                   host: list | None = None, after: int = 0, again: Callable[[], None] | None = None,
+                   hot: list | None = None) -> float:
     """Mean (or, with ``statistic="median"``, median) of `repeats` timed calls after `warmup` (at
     least one) untimed ones.
 
@@ -444,8 +460,24 @@ def _timed_seconds(fn: Callable[[], Any], device: torch.device, warmup: int, rep
 
     On a GPU the calls' device time is returned and their host time appended to `host`
     (`_cuda_times`).
+
+    With `after` > 0 (the CPU only), every call, warm-up or timed, is followed by `after` more
+    calls back to back, each after `again` (resetting gradients) but not `setup`: a step that runs
+    a task right after the same task (`planner.sim.reuse`).  Their mean (or median) is appended to
+    `hot`; the returned time is still the calls made after `setup`'s alone.
     """
     prepare = setup if setup is not None else (lambda: None)
+    between = again if again is not None else (lambda: None)
+    after = after if device.type == "cpu" else 0
+    follow: list[float] = []
+
+    def more(timed: bool) -> None:
+        for _ in range(after):
+            between()
+            t0 = time.perf_counter()
+            fn()
+            if timed:
+                follow.append(time.perf_counter() - t0)
     if sync is not None:
         sync()
     prepare()
@@ -454,11 +486,13 @@ def _timed_seconds(fn: Callable[[], Any], device: torch.device, warmup: int, rep
     fn()
     _sync(device)
     first = time.perf_counter() - t0
+    more(False)
     for _ in range(warmup - 1):
         prepare()
         fn()
+        more(False)
     if budget is not None:
-        repeats = max(1, min(repeats, int(budget / max(first, 1e-9))))
+        repeats = max(1, min(repeats, int(budget / max(first * (1 + after), 1e-9))))
     _sync(device)
     if sync is not None:
         sync()
@@ -471,11 +505,13 @@ def _timed_seconds(fn: Callable[[], Any], device: torch.device, warmup: int, rep
             t0 = time.perf_counter()
             fn()
             times.append(time.perf_counter() - t0)
-    if statistic == "median":
-        return statistics.median(times)
-    if statistic != "mean":
+            more(True)
+    if statistic not in ("mean", "median"):
         raise ValueError(f"statistic must be 'mean' or 'median', not {statistic!r}")
-    return statistics.fmean(times)
+    pick = statistics.median if statistic == "median" else statistics.fmean
+    if follow and hot is not None:
+        hot.append(pick(follow))
+    return pick(times)
 
 _TORCH_DTYPES = {
     "float64": torch.float64, "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
@@ -567,7 +603,8 @@ def measure_task(graph: OperatorGraph, op: Op, degrees: tuple[int, ...], device:
                  repeats: int = 10, warmup: int = 3, forward_task: ForwardTask | None = None,
                  module: nn.Module | None = None, budget: float | None = None, seed: int = 0,
                  overhead: tuple[float, float] = (0.0, 0.0), cold: bool = True, cache_level: str = "l2",
-                 sync: Callable[[], None] | None = None, host: list | None = None) -> tuple[float, float]:
+                 sync: Callable[[], None] | None = None, host: list | None = None,
+                 hot: list | None = None) -> tuple[float, float]:
     """Mean forward and backward seconds of the representative task of `op` split by `degrees`
     (`_timed_seconds`).
 
@@ -580,6 +617,10 @@ def measure_task(graph: OperatorGraph, op: Op, degrees: tuple[int, ...], device:
     On a GPU the times are the kernels' on the device, and `host` (a list) receives the host's
     forward and backward seconds issuing them (`_cuda_times`; the engine's fixed start-up, host
     work, is taken off the host's backward there).
+
+    `hot` (a list), on the CPU with the L2 evicted (`cold`, `cache_level` ``"l2"``), receives the
+    task's forward and backward seconds back to back: each timed call is followed by
+    `BACK_TO_BACK` calls with nothing evicted in between (module doc, "Back to back").
     """
     if forward_task is None:
         from ..ir.kernels import forward_task
@@ -603,23 +644,31 @@ def measure_task(graph: OperatorGraph, op: Op, degrees: tuple[int, ...], device:
         return out
 
     hosts: list[float] = []
-    fwd_s = _timed_seconds(fwd, device, warmup, repeats, budget, setup=evict, sync=sync, host=hosts)
+    hots: list[float] = []
+    after = BACK_TO_BACK if hot is not None and evict is not None and cache_level == "l2" else 0
+    fwd_s = _timed_seconds(fwd, device, warmup, repeats, budget, setup=evict, sync=sync, host=hosts,
+                           after=after, hot=hots)
     outs = [o for o in _outputs(fwd()) if o.requires_grad]
     fresh = [t for t in inputs if t.requires_grad]  # leaves whose gradient the step allocates
     accumulated = [p for p in params if p.requires_grad and p.is_floating_point()]
     if not outs or not (fresh or accumulated):
         if host is not None and hosts:
             host[:] = [hosts[0], 0.0]
+        if after and hots:
+            hot[:] = [hots[0], 0.0]
         return fwd_s, 0.0
     grads = [torch.randn(o.shape, generator=gen, dtype=torch.float32).to(device=device, dtype=o.dtype) for o in outs]
     for p in accumulated:  # the trainer's gradient buckets: every backward use adds into them
         p.grad = torch.zeros_like(p)
 
-    def before_backward():
+    def fresh_grads():
         if kept is not None:
             kept.add([t.grad for t in fresh if t.grad is not None])
         for t in fresh:
             t.grad = None
+
+    def before_backward():
+        fresh_grads()
         if evict is not None:
             evict()
 
@@ -627,11 +676,14 @@ def measure_task(graph: OperatorGraph, op: Op, degrees: tuple[int, ...], device:
         torch.autograd.backward(outs, grads, retain_graph=True)
 
     fixed, per_node = overhead
-    bwd_s = _timed_seconds(bwd, device, warmup, repeats, budget, setup=before_backward, sync=sync, host=hosts)
+    bwd_s = _timed_seconds(bwd, device, warmup, repeats, budget, setup=before_backward, sync=sync, host=hosts,
+                           after=after, again=fresh_grads, hot=hots)
     if device.type == "cuda":  # pragma: no cover - needs a GPU
         if host is not None and len(hosts) == 2:
             host[:] = [hosts[0], max(hosts[1] - fixed, per_node)]
         return fwd_s, bwd_s
+    if after and len(hots) == 2:
+        hot[:] = [hots[0], max(hots[1] - fixed, per_node)]
     return fwd_s, max(bwd_s - fixed, per_node)
 
 
@@ -766,6 +818,7 @@ def profile_ops(graph: OperatorGraph, degree_choices: Iterable[tuple[str, Sequen
     overhead = engine_overhead(device) if work else (0.0, 0.0)
     report.engine_overhead = overhead[0]
     passes: list[list[tuple[float, float]]] = [[] for _ in work]
+    hot_passes: list[list[tuple[float, float]]] = [[] for _ in work]
     failed: dict[int, str] = {}
     for r in range(rounds):
         for n, (key, op, degrees) in enumerate(work):
@@ -775,13 +828,16 @@ def profile_ops(graph: OperatorGraph, degree_choices: Iterable[tuple[str, Sequen
                 continue
             try:
                 host: list[float] = []
+                hot: list[float] = []
                 f, b = measure_task(graph, op, degrees, device, repeats=repeats, warmup=warmup,
                                     forward_task=forward_task, module=module, budget=budget,
-                                    overhead=overhead, cache_level=cache_level, host=host)
+                                    overhead=overhead, cache_level=cache_level, host=host, hot=hot)
                 passes[n].append((f, b, *host) if len(host) == 2 else (f, b))
+                if len(hot) == 2:
+                    hot_passes[n].append((hot[0], hot[1]))
             except Exception as e:  # an op the kernels cannot run yet; keep going, report it
                 failed[n] = f"{type(e).__name__}: {e}"
-    _store_passes(work, passes, failed, cache, report)
+    _store_passes(work, passes, failed, cache, report, hot_passes)
     if progress is not None:
         progress(rounds * len(work), rounds * len(work), "")
     report.seconds = time.perf_counter() - t0
@@ -789,10 +845,12 @@ def profile_ops(graph: OperatorGraph, degree_choices: Iterable[tuple[str, Sequen
 
 
 def _store_passes(work: list, passes: list[list[tuple[float, ...]]], failed: Mapping[int, str],
-                  cache: ProfileCache, report: ProfileReport) -> None:
+                  cache: ProfileCache, report: ProfileReport,
+                  hot_passes: Sequence[Sequence[tuple[float, float]]] | None = None) -> None:
     """Store each task's median pass (forward and backward apart, and on a GPU the host's times
     too) in `cache` and `report`; a task that failed in a pass is reported skipped with its error
-    instead."""
+    instead.  `hot_passes[n]` (where given and not empty) are task n's back-to-back times per
+    pass: their medians are stored under its `hot_key`."""
     for n, (key, op, degrees) in enumerate(work):
         if n in failed:
             report.skipped.append((op.name, degrees, failed[n]))
@@ -804,6 +862,9 @@ def _store_passes(work: list, passes: list[list[tuple[float, ...]]], failed: Map
                 if with_host else None)
         cache.put(key, fwd, bwd, host=host)
         report.measured.append(ProfileRecord(key, op.name, degrees, fwd, bwd))
+        hot = hot_passes[n] if hot_passes is not None else ()
+        if hot:
+            cache.put(hot_key(key), statistics.median(h[0] for h in hot), statistics.median(h[1] for h in hot))
 
 
 # -- concurrent workers (profile_local on the CPU) -------------------------------------------------
@@ -818,13 +879,15 @@ _POLL_SECONDS = 0.5
 
 def lockstep_task(graph: OperatorGraph, module: nn.Module | None, kind: str, item: tuple[str, str, tuple[int, ...]],
                   sync: Callable[[], Any], *, repeats: int, warmup: int, budget: float | None,
-                  overhead: tuple[float, float], cache_level: str = "l2") -> tuple[float, float, str | None]:
+                  overhead: tuple[float, float], cache_level: str = "l2",
+                  hot: list | None = None) -> tuple[float, float, str | None]:
     """(forward, backward, error) of one task `item` (key, op name, degrees) on this process's CPU,
     measured in lockstep with the other processes that call it with the same item: `sync` (a
     barrier all of them pass) is called exactly `_LOCKSTEP_PHASES` times, whatever happens, so a
     task that fails on one process (skipped with the reason, as `profile_ops` skips it) does not
     leave the others waiting.  The concurrent workers of `profile_local` measure with it, and so
-    does a profile taken between a job's training steps (`autopar.trainer.accuracy`)."""
+    does a profile taken between a job's training steps (`autopar.trainer.accuracy`).  `hot` (a
+    list) receives the task's back-to-back times, as `measure_task`'s."""
     key, name, degrees = item
     waited = 0
 
@@ -838,7 +901,8 @@ def lockstep_task(graph: OperatorGraph, module: nn.Module | None, kind: str, ite
         if task_key(op, degrees, kind, graph_input_shapes(graph, op)) != key:
             raise CostModelError(f"this process's import of {graph.name} gives {name} another task key")
         fwd, bwd = measure_task(graph, op, degrees, torch.device("cpu"), repeats=repeats, warmup=warmup,
-                                module=module, budget=budget, overhead=overhead, cache_level=cache_level, sync=step)
+                                module=module, budget=budget, overhead=overhead, cache_level=cache_level, sync=step,
+                                hot=hot)
         out = (fwd, bwd, None)
     except threading.BrokenBarrierError:
         raise
@@ -863,7 +927,8 @@ def store_lockstep_passes(graph: OperatorGraph, items: list[tuple[str, str, tupl
     """Store what several processes measured of `items` in lockstep (`lockstep_task`), as
     `profile_local` stores its workers' passes: per pass the median over the processes, per task
     the median of its passes.  `per_rank[r][n]` lists process r's (forward, backward, error) of
-    item n, one per pass; a task that failed in a pass is reported skipped."""
+    item n, one per pass, or (forward, backward, error, hot forward, hot backward) with its
+    back-to-back times (`lockstep_task`'s `hot`); a task that failed in a pass is reported skipped."""
     report = ProfileReport(kind)
     _store_lockstep([(key, graph[name], degrees) for key, name, degrees in items], per_rank, cache, report)
     return report
@@ -873,6 +938,7 @@ def _store_lockstep(work: list, per_rank: Sequence[Sequence[Sequence[tuple[float
                     cache: ProfileCache, report: ProfileReport) -> None:
     """`store_lockstep_passes` into an existing `report`, for `work` (key, op, degrees)."""
     passes: list[list[tuple[float, float]]] = [[] for _ in work]
+    hot: list[list[tuple[float, float]]] = [[] for _ in work]
     failed: dict[int, str] = {}
     for n in range(len(work)):
         for msgs in zip(*(rank[n] for rank in per_rank)):
@@ -881,9 +947,11 @@ def _store_lockstep(work: list, per_rank: Sequence[Sequence[Sequence[tuple[float
                 failed.setdefault(n, errors[0])
                 continue
             passes[n].append((statistics.median(m[0] for m in msgs), statistics.median(m[1] for m in msgs)))
+            if all(len(m) == 5 for m in msgs):
+                hot[n].append((statistics.median(m[3] for m in msgs), statistics.median(m[4] for m in msgs)))
         if not passes[n] and n not in failed:
             failed[n] = "never measured"
-    _store_passes(work, passes, failed, cache, report)
+    _store_passes(work, passes, failed, cache, report, hot)
 
 
 def _profile_worker(rank: int, model: str, options: dict[str, object], kind: str,
@@ -892,9 +960,10 @@ def _profile_worker(rank: int, model: str, options: dict[str, object], kind: str
     """One worker process of a concurrent `profile_local`: import `model` itself and measure
     `items` (key, op name, degrees) in lockstep with the other workers, one thread, on the CPU.
 
-    Sends ``(tag, task index, rank, forward, backward, error)`` tuples to `results`: one
-    ``"overhead"`` (index -1, the engine overhead in `forward`), one ``"task"`` per item, or a
-    ``"fatal"`` one when it cannot go on.
+    Sends ``(tag, task index, rank, forward, backward, error, *hot)`` tuples to `results`: one
+    ``"overhead"`` (index -1, the engine overhead in `forward`), one ``"task"`` per item (``hot``:
+    its back-to-back forward and backward, where measured), or a ``"fatal"`` one when it cannot
+    go on.
     """
     from ..ir.fx_import import import_spec
     from ..zoo import load_model
@@ -912,9 +981,10 @@ def _profile_worker(rank: int, model: str, options: dict[str, object], kind: str
         overhead = engine_overhead(cpu)
         results.put(("overhead", -1, rank, overhead[0], overhead[1], None))
         for n, item in enumerate(items):
+            hot: list[float] = []
             fwd, bwd, error = lockstep_task(graph, module, kind, item, barrier.wait, repeats=repeats, warmup=warmup,
-                                            budget=budget, overhead=overhead, cache_level=cache_level)
-            results.put(("task", n, rank, fwd, bwd, error))
+                                            budget=budget, overhead=overhead, cache_level=cache_level, hot=hot)
+            results.put(("task", n, rank, fwd, bwd, error, *hot))
     except threading.BrokenBarrierError:  # the parent gave up on the run and aborted the barrier
         return
     except BaseException as e:
@@ -979,13 +1049,13 @@ def _profile_concurrent(model: str, options: Mapping[str, object], graph: Operat
             p.start()
         fixed = [m[3] for m in collect("overhead", -1)]
         report.engine_overhead = statistics.median(fixed)
-        per_rank: list[list[list[tuple[float, float, str | None]]]] = [[[] for _ in work] for _ in procs]
+        per_rank: list[list[list[tuple]]] = [[[] for _ in work] for _ in procs]
         for i in range(len(items)):
             n = i % len(work)
             if progress is not None:
                 progress(i, len(items), work[n][1].name)
             for m in collect("task", i):
-                per_rank[m[2]][n].append((m[3], m[4], m[5]))
+                per_rank[m[2]][n].append((m[3], m[4], m[5], *m[6:]))
         _store_lockstep(work, per_rank, cache, report)
         for p in procs:
             p.join()

@@ -42,6 +42,17 @@ byte-weighted miss probability of its reads and writes, and its time ``warm + f 
 separately for the forward and the backward task: the cold profile has every line of the task's
 inputs, parameters and outputs come from memory.
 
+A task that a rank runs right after the same task (the same task key, on the same parameters, in
+the same direction) starts from a third price, measured back to back: `autopar profile` follows
+every timed call with calls of the same task with nothing evicted in between
+(`planner.cost.measure_task`, `CostModel.hot_cost`).  Under data or model parallelism rnnlm's
+ranks run their eight unrolled cells, then their eight decoders, one after another on the same
+weights, and those calls take 0.6-0.8 of the warm price after the first (in its data-parallel
+steps of 2026-11-29 the decoders' forward took 1.12, 0.87, 0.67, 0.57, 0.56, 0.59, 0.54 and 0.54 ms
+in turn against 1.05 ms warm); a random plan's, whose consecutive tasks change split, rank or
+weights, do not (docs/simulation.md, "Thirty-third round").  Such a task costs
+``hot + f (cold - warm)``.
+
 It needs a first simulation, for the order of the touches, and a second with the repriced tasks;
 the search's own simulations (MCMC, delta simulation) keep the warm profile.
 """
@@ -53,14 +64,15 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from ..cost import CostModel, Estimate
-from ..cost.profile_cache import task_shapes
+from ..cost.profile_cache import key_of_shapes, task_shapes
 from ..ir.graph import DTYPE_BYTES
 from ..ir.strategy import Strategy
 from .simulator import TaskGraph, Timeline
 from .taskgraph import OPTIMIZER_STATES
 from .trainer_model import _FLOAT, optimizer_step, requires_grad
 
-__all__ = ["CacheShares", "InCacheCost", "access_misses", "applies", "cache_shares", "in_cache_builder"]
+__all__ = ["CacheShares", "InCacheCost", "access_misses", "applies", "back_to_back", "cache_shares",
+           "in_cache_builder"]
 
 
 @dataclass(frozen=True)
@@ -205,12 +217,38 @@ def access_misses(touches, period: float, capacity: float) -> dict[tuple, tuple[
     return {k: (v[0], v[1]) for k, v in acc.items()}
 
 
-class InCacheCost(CostModel):
-    """`warm`'s op times, each task priced between them and `warm.cold_cost` by its cold share."""
+def back_to_back(builder, strategy: Strategy, tg: TaskGraph, tl: Timeline) -> frozenset[tuple[str, int, int]]:
+    """(op name, 0 forward or 1 backward, device) of every op task that its device runs right after
+    the same task: the op task before it on that device (in `tl`, whatever else ran in between)
+    has the same task key (`planner.cost.profile_cache.task_key`), the same parameters and the
+    same direction (module docstring)."""
+    g = builder.graph
+    n = len(g.ops)
+    out = set()
+    for d in range(builder.num_devices):
+        before = None
+        for key, _, _ in tl.spans(d):
+            info = tg.task(key)
+            if info.kind not in ("forward", "backward") or len(key) != 4 or key[2] != 0:
+                continue
+            fwd = info.kind == "forward"
+            op = g.ops[key[1] if fwd else n - key[1]]
+            shapes = task_shapes(op, strategy[op.name].degrees, builder._in_shapes[op.name])
+            this = (fwd, key_of_shapes(op, "", shapes), tuple(p.name for p in op.params))
+            if this == before:
+                out.add((op.name, 0 if fwd else 1, d))
+            before = this
+    return frozenset(out)
 
-    def __init__(self, warm: CostModel, shares: CacheShares):
+
+class InCacheCost(CostModel):
+    """`warm`'s op times, each task priced between them and `warm.cold_cost` by its cold share, from
+    `warm.hot_cost` instead of them where its device runs it right after the same task (`hot`, as
+    `back_to_back` gives them)."""
+
+    def __init__(self, warm: CostModel, shares: CacheShares, hot: frozenset[tuple[str, int, int]] = frozenset()):
         super().__init__(warm.cache, analytic=warm.analytic, cold=warm.cold)
-        self.warm, self.shares = warm, shares
+        self.warm, self.shares, self.hot = warm, shares, hot
 
     def task_cost(self, op, degrees, device, input_shapes=None) -> Estimate:
         w = self.warm.task_cost(op, degrees, device, input_shapes)
@@ -220,7 +258,13 @@ class InCacheCost(CostModel):
         if c is None:
             return w
         ff, fb = self.shares.of(op.name, device.id)
-        return Estimate(w.forward + ff * (c.forward - w.forward), w.backward + fb * (c.backward - w.backward),
+        base_f, base_b = w.forward, w.backward
+        if (op.name, 0, device.id) in self.hot or (op.name, 1, device.id) in self.hot:
+            h = self.warm.hot_cost(op, degrees, device, input_shapes)
+            if h is not None:
+                base_f = h.forward if (op.name, 0, device.id) in self.hot else base_f
+                base_b = h.backward if (op.name, 1, device.id) in self.hot else base_b
+        return Estimate(base_f + ff * (c.forward - w.forward), base_b + fb * (c.backward - w.backward),
                         w.source, w.host)
 
     def update_time(self, param_bytes, device, optimizer=None) -> float:
@@ -247,6 +291,6 @@ def in_cache_builder(builder, strategy: Strategy, tg: TaskGraph, tl: Timeline):
     """A builder like `builder` whose op tasks are priced by what the shared cache holds in the
     step `tl` of `strategy` (module docstring), the timeline `builder` simulated (`applies`)."""
     shares = cache_shares(builder, strategy, tg, tl, builder.runtime.shared_cache_bytes)
-    cost = InCacheCost(builder.cost, shares).bind(builder.graph)
+    cost = InCacheCost(builder.cost, shares, back_to_back(builder, strategy, tg, tl)).bind(builder.graph)
     return type(builder)(builder.graph, builder.topology, cost, builder.optimizer, runtime=builder.runtime,
                             bucket_bytes=builder.bucket_bytes)

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from autopar.planner.cost.model import CostModel, graph_input_shapes
-from autopar.planner.cost.profile_cache import ProfileCache, task_key
+from autopar.planner.cost.profile_cache import ProfileCache, hot_key, task_key
 from autopar.planner.cost.profiler import (EVICT_CAP_BYTES, L2_FALLBACK_BYTES, LLC_EVICT_CAP_BYTES, ROUNDS,
                                            cache_evictor, last_level_cache_bytes, shared_cache_bytes,
                                            device_kind_of, engine_overhead, l2_cache_bytes, measure_task,
@@ -113,7 +113,8 @@ def test_an_op_without_a_kernel_is_skipped_with_the_reason():
     report = profile_ops(g, [("relu1", (1, 1)), ("fc", (1, 1))], CPU, cache, repeats=2, warmup=0,
                          device_kind="test-cpu", forward_task=partial)
     assert report.skipped == [("relu1", (1, 1), "NotImplementedError: relu kernel missing")]
-    assert [r.op for r in report.measured] == ["fc"] and len(cache) == 1
+    assert [r.op for r in report.measured] == ["fc"]
+    assert set(cache) == {report.measured[0].key, hot_key(report.measured[0].key)}   # and back to back
 
 
 def test_measure_task_passes_the_task_shards():
@@ -172,7 +173,7 @@ def test_profile_local_covers_every_task_a_local_plan_can_use(tmp_path):
     assert report.skipped == [] and len(report.measured) > 0
     assert report.device_kind == get_preset("local:2").devices[0].product
     cache = ProfileCache.load(path)  # saved by profile_local
-    assert len(cache) == len(report.measured)
+    assert set(cache) == {r.key for r in report.measured} | {hot_key(r.key) for r in report.measured}
     g = import_spec(get_model("lenet", batch=2))
     model = CostModel(cache).bind(g)
     device = get_preset("local:2").devices[1]
@@ -180,6 +181,7 @@ def test_profile_local_covers_every_task_a_local_plan_can_use(tmp_path):
         for degrees in degree_choices(op, 2):
             est = model.task_cost(op, degrees, device)
             assert est.source == ("profile" if op.inputs else "analytic"), (op.name, degrees)
+            assert (model.hot_cost(op, degrees, device) is not None) == bool(op.inputs), (op.name, degrees)
     again = profile_local(["lenet"], workers=2, options={"batch": 2}, cache=cache, repeats=1, warmup=0)
     assert again.measured == [] and again.cached == len(report.measured)
 
@@ -346,10 +348,11 @@ def test_concurrent_profiling_fills_the_same_keys_as_in_process(tmp_path):
     assert report.skipped == [] and len(report.measured) == len(alone.measured) > 0
     assert report.device_kind == alone.device_kind and report.engine_overhead >= 0
     assert set(conc) == set(single) >= set(one)
-    assert len(ProfileCache.load(tmp_path / "concurrent.json")) == len(report.measured)  # saved
+    assert len(ProfileCache.load(tmp_path / "concurrent.json")) == 2 * len(report.measured)  # saved, and back to back
     for rec in report.measured:
         assert rec.forward > 0 and rec.backward >= 0
         assert conc.get(rec.key) == (rec.forward, rec.backward)
+        assert conc.get(hot_key(rec.key))[0] > 0
     assert any(rec.backward > 0 for rec in report.measured)
     n = len(report.measured) * ROUNDS            # every task in each pass
     assert calls[0][:3] == ("lenet", 0, n) and calls[-1] == ("lenet", n, n, "")
@@ -559,6 +562,41 @@ def test_a_task_time_is_the_mean_of_its_calls_slow_ones_included(monkeypatch):
         profiler._timed_seconds(call, CPU, warmup=1, repeats=2, statistic="p90")
 
 
+def test_calls_back_to_back_follow_every_call_and_are_timed_apart(monkeypatch):
+    """With `after`, every call is followed by that many more, each after `again` but not `setup`
+    (nothing evicted in between: a step that runs a task right after the same task); their mean goes
+    to `hot`, and the returned time is still that of the calls made after `setup`."""
+    from autopar.planner.cost import profiler
+    clock = [0.0]
+    monkeypatch.setattr(profiler.time, "perf_counter", lambda: clock[0])
+    seen: list[str] = []
+    durations = iter([9e-3, 1e-3, 1e-3] + [4e-3, 2e-3, 1e-3, 6e-3, 3e-3, 1e-3])   # warm-up, then two timed groups
+
+    def call():
+        seen.append("call")
+        clock[0] += next(durations)
+    hot: list[float] = []
+    got = profiler._timed_seconds(call, CPU, warmup=1, repeats=2, setup=lambda: seen.append("setup"),
+                                  again=lambda: seen.append("again"), after=2, hot=hot)
+    assert got == pytest.approx(5e-3) and hot == [pytest.approx(1.75e-3)]
+    assert seen == ["setup", "call", "again", "call", "again", "call"] * 3
+    clock[0], durations, hot = 0.0, iter([1e-3, 2e-3]), []       # none asked for: none made, none reported
+    assert profiler._timed_seconds(call, CPU, warmup=1, repeats=1, hot=hot) == pytest.approx(2e-3) and hot == []
+
+
+def test_a_task_is_timed_back_to_back_only_where_its_l2_is_evicted():
+    """`measure_task` reports the back-to-back times of a CPU task measured with the L2 evicted
+    (the profile's default), and none measured without eviction or with the last level evicted."""
+    g = _tiny_graph()
+    hot: list[float] = []
+    f, b = measure_task(g, g["fc"], (1, 1), CPU, repeats=3, warmup=1, forward_task=_fake_forward_task, hot=hot)
+    assert len(hot) == 2 and hot[0] > 0 and hot[1] > 0 and f > 0 and b > 0
+    for kwargs in ({"cold": False}, {"cache_level": "llc"}):
+        hot = []
+        measure_task(g, g["fc"], (1, 1), CPU, repeats=1, warmup=0, forward_task=_fake_forward_task, hot=hot, **kwargs)
+        assert hot == [], kwargs
+
+
 def _lenet():
     from autopar.planner.ir.fx_import import import_spec
     from autopar.planner.zoo import get_model
@@ -588,6 +626,10 @@ def test_a_lockstep_task_passes_the_barrier_as_often_whether_it_runs_or_fails():
     f, b, error = lockstep_task(g, module, "CPU-core", (key, name, degrees), lambda: calls.append(1), repeats=2,
                                 warmup=1, budget=None, overhead=(0.0, 0.0))
     assert error is None and f > 0 and b > 0 and len(calls) == _LOCKSTEP_PHASES
+    hot: list[float] = []
+    lockstep_task(g, module, "CPU-core", (key, name, degrees), lambda: None, repeats=2, warmup=1, budget=None,
+                  overhead=(0.0, 0.0), hot=hot)
+    assert len(hot) == 2 and hot[0] > 0                   # and back to back, where asked
     calls.clear()
     f, b, error = lockstep_task(g, module, "CPU-core", ("another key", name, degrees), lambda: calls.append(1),
                                 repeats=2, warmup=1, budget=None, overhead=(0.0, 0.0))
@@ -608,3 +650,10 @@ def test_lockstep_passes_are_stored_as_the_concurrent_workers_are():
     assert cache.get(items[0][0]) == (2.0, 3.0)           # passes (2, 3), (4, 7), (2, 1): medians 2 and 3
     assert items[1][0] not in cache and report.skipped == [(items[1][1], items[1][2], "RuntimeError: no")]
     assert [r.key for r in report.measured] == [items[0][0]]
+    assert hot_key(items[0][0]) not in cache              # none measured back to back: none stored
+    # with their back-to-back times (`lockstep_task`'s `hot`): those stored beside, the same way
+    ok = [[(1.0, 2.0, None, 0.5, 1.0), (3.0, 6.0, None, 1.5, 3.0), (2.0, 1.0, None, 1.0, 0.5)]]
+    other = [[(3.0, 4.0, None, 1.5, 2.0), (5.0, 8.0, None, 2.5, 4.0), (2.0, 1.0, None, 1.0, 0.5)]]
+    cache = ProfileCache()
+    store_lockstep_passes(g, items[:1], [ok, other], cache, "CPU-core")
+    assert cache.get(items[0][0]) == (2.0, 3.0) and cache.get(hot_key(items[0][0])) == (1.0, 1.5)

@@ -1,5 +1,6 @@
 """Each op task priced by what the ranks' shared cache holds of its data in the step
-(`planner.sim.reuse`): stack distances, the cold shares, and where `simulate_strategy` applies them."""
+(`planner.sim.reuse`): stack distances, the cold shares, tasks run back to back, and where
+`simulate_strategy` applies them."""
 
 from __future__ import annotations
 
@@ -7,16 +8,17 @@ import math
 from dataclasses import replace
 
 import pytest
+import torch.nn as nn
 
 from autopar.planner.cost import CostModel, ProfileCache, cold_kind, task_key
 from autopar.planner.cost.calibration import RuntimeCalibration, default_calibration
 from autopar.planner.cost.model import graph_input_shapes
-from autopar.planner.cost.profile_cache import task_shapes
+from autopar.planner.cost.profile_cache import hot_key, task_shapes
 from autopar.planner.hardware import get_preset
-from autopar.planner.ir import ParallelConfig, Strategy, data_parallel, model_parallel
+from autopar.planner.ir import ParallelConfig, Strategy, TensorSpec, data_parallel, import_model, model_parallel
 from autopar.planner.ir.strategy import degree_choices
 from autopar.planner.sim import TaskGraphBuilder, simulate_strategy
-from autopar.planner.sim.reuse import applies, cache_shares, access_misses
+from autopar.planner.sim.reuse import access_misses, applies, back_to_back, cache_shares
 
 from ..search._graphs import mlp, rnn
 
@@ -158,3 +160,54 @@ def test_the_shared_caches_size_goes_through_the_calibrations_json():
     rt = replace(default_calibration("CPU-core", "gloo", 2), shared_cache_bytes=32 * MiB)
     assert RuntimeCalibration.from_json(rt.to_json()).shared_cache_bytes == 32 * MiB
     assert RuntimeCalibration.from_json(default_calibration("CPU-core", "gloo", 2).to_json()).shared_cache_bytes is None
+
+
+
+class _Twice(nn.Module):
+    """One linear layer applied twice in a row: its two tasks share their key and their weights."""
+
+    def __init__(self, width: int = 8, classes: int = 2):
+        super().__init__()
+        self.lin = nn.Linear(width, width)
+        self.out = nn.Linear(width, classes)
+
+    def forward(self, x):
+        return self.out(self.lin(self.lin(x)))
+
+
+def _twice():
+    return import_model(_Twice(), [("x", TensorSpec((4, 8), ("n", "f")))],
+                        ("labels", TensorSpec((4,), ("n",), "int64")), name="twice")
+
+
+def _with_hot(cache: ProfileCache, product: str, over_warm: float) -> ProfileCache:
+    """`cache` with its warm times `over_warm` times as long again under the back-to-back product."""
+    out = ProfileCache(dict(cache.items()))
+    for k, (f, b) in cache.items():
+        if k.startswith(product + "|"):
+            out.put(hot_key(k), f * over_warm, b * over_warm)
+    return out
+
+
+def test_a_task_run_right_after_the_same_task_is_priced_back_to_back():
+    """The second of two tasks with the same key, the same weights and the same direction in a
+    row on a rank costs what the profile measured back to back; the first, and a task after one
+    split another way, cost the warm price (`reuse.back_to_back`)."""
+    g, topo = _twice(), get_preset("local:2")
+    product = topo.devices[0].product
+    s = data_parallel(g, 2)
+    first, second = [op.name for op in g.ops if op.kind == "linear"][:2]
+    split = Strategy.from_mapping(g, {**{op.name: s[op.name] for op in g.ops},
+                                      second: model_parallel(g, 2)[second]}, "split")
+    warm = _profiled(g, topo, 1.0, [s, split])
+    hot = _with_hot(warm, product, 0.25)
+    b = _builder(g, topo, hot, 1 << 30)
+    _, tl, tg = simulate_strategy(b, s)
+    assert back_to_back(b, s, tg, tl) == {(second, 0, d) for d in (0, 1)} | {(first, 1, d) for d in (0, 1)}
+    with_hot = simulate_strategy(b, s)[0].step_time
+    without = simulate_strategy(_builder(g, topo, warm, 1 << 30), s)[0].step_time
+    saved = 0.75e-3 + 1.5e-3                      # one forward and one backward task per rank, at a quarter
+    assert without - saved - 1e-9 <= with_hot < without - 0.5 * saved
+    _, tl, tg = simulate_strategy(b, split)
+    assert not {(first, 1), (second, 0)} & {(name, phase) for name, phase, _ in back_to_back(b, split, tg, tl)}
+
