@@ -464,7 +464,7 @@ def _timed_seconds(fn: Callable[[], Any], device: torch.device, warmup: int, rep
     With `after` > 0 (the CPU only), every call, warm-up or timed, is followed by `after` more
     calls back to back, each after `again` (resetting gradients) but not `setup`: a step that runs
     a task right after the same task (`planner.sim.reuse`).  Their mean (or median) is appended to
-    `hot`; the returned time is still the calls made after `setup`'s alone.
+    `hot`; the time returned is still that of the calls made right after `setup`.
     """
     prepare = setup if setup is not None else (lambda: None)
     between = again if again is not None else (lambda: None)
