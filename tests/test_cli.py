@@ -78,8 +78,9 @@ def test_profile_no_calibrate_measures_op_times_only(capsys, tmp_path, monkeypat
     assert doc["cold"]["measured"] == doc["measured"]     # the same tasks with the last-level cache evicted
     from autopar.planner.cost import CostModel, ProfileCache
     cache = ProfileCache.load(doc["cache"])
-    assert len(cache) == 2 * doc["measured"] and cache.calibrations() == []
+    assert len(cache) == 3 * doc["measured"] and cache.calibrations() == []   # warm, back to back and cold
     assert CostModel(cache).has_cold
+    assert sum(" (back to back)|" in k for k in cache) == doc["measured"]
     assert doc["cache"].startswith(str(tmp_path))
 
 
