@@ -356,3 +356,23 @@ def test_the_table_prints_every_row_the_totals_and_the_fits_held_out(capsys):
     assert "fitted on a, b (not applied above): on c it would leave median |error|" in out
     assert "each model's level, measured / simulated over its rows (not applied above): a " in out
     assert "each row at the level of its model's other rows: median |error|" in out
+
+
+def test_the_one_gpu_script_runs_the_benchmarks_models_at_its_sizes():
+    """benchmarks/gpu/one-gpu.sh is the benchmark's counterpart on one GPU: its models' options must stay
+    the benchmark's (`MODELS`), so that a GPU run compares with the CPU rows."""
+    import re
+    import subprocess
+    from pathlib import Path
+
+    from autopar.trainer.accuracy import MODELS
+
+    script = Path(__file__).parents[2] / "benchmarks" / "gpu" / "one-gpu.sh"
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    text = script.read_text()
+    variables = {"rnnlm": "RNN", "alexnet": "ALEX", "transformer": "TRF", "tagger:tagger": "TAG"}
+    for model, options in MODELS:
+        line = re.search(rf'^{variables[model]}="([^"]*)"$', text, re.M)
+        assert line, f"{script.name} sets no {variables[model]} for {model}"
+        given = dict(o.split("=", 1) for o in line.group(1).replace("-o ", "").split())
+        assert given == {k: str(v) for k, v in options.items()}, model
