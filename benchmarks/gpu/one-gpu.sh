@@ -1,7 +1,7 @@
 #!/bin/bash
 # Simulated against measured step time on this machine's one GPU: `autopar profile` (op times on
 # the GPU and the runtime calibration of one NCCL rank), then `autopar train --device cuda` and
-# `autopar simulate` of the accuracy benchmark's four models at its sizes and of two larger ones,
+# `autopar simulate` of the accuracy benchmark's four models at its sizes and of three larger ones,
 # single-device, with a measured and a simulated Chrome trace of rnnlm's step.  The accuracy
 # benchmark itself needs 2 ranks (2 GPUs); on one GPU this is its counterpart.
 #
@@ -73,8 +73,10 @@ RNN="-o batch=16 -o embed=256 -o hidden=256 -o vocab=8192 -o steps=8"
 ALEX="-o batch=32 -o image=63 -o classes=100 -o fc=512 -o dropout=0.0"
 TRF="-o batch=8 -o seq=64 -o vocab=4096 -o d=128 -o layers=2 -o heads=4"
 TAG="-o batch=32"
-RNNB="-o batch=64 -o embed=1024 -o hidden=1024 -o vocab=32768 -o steps=16"
-ALEXB="-o batch=256 -o image=127 -o classes=1000 -o fc=4096 -o dropout=0.0"
+# the larger sizes of the earlier GPU rounds (docs/simulation.md, "On a GPU")
+RNNB="-o batch=64 -o steps=20"
+ALEXB="-o batch=128"
+TRFB="-o batch=8 -o seq=512 -o layers=6"
 TR="--strategy single-device --nproc 1 --device $DEV --topology $TOPO --profile-cache $P --steps 40 --json"
 step profile-rnnlm 150 "${AP[@]}" profile -m rnnlm $RNN -t local:1 --profile-cache $P --json
 step train-rnnlm 90 "${AP[@]}" train -m rnnlm $RNN $TR --trace $L/rnnlm-measured.trace.json
@@ -87,13 +89,13 @@ for m in alexnet transformer tagger:tagger; do
   step train-$n 90 "${AP[@]}" train -m $m $O $TR
   summ train-$n
 done
-step profile-rnnlm-big 90 "${AP[@]}" profile -m rnnlm $RNNB -t local:1 --profile-cache $P --no-calibrate --json
-step train-rnnlm-big 90 "${AP[@]}" train -m rnnlm $RNNB $TR
-summ train-rnnlm-big
-step profile-alexnet-big 90 "${AP[@]}" profile -m alexnet $ALEXB -t local:1 --profile-cache $P --no-calibrate --json
-step train-alexnet-big 90 "${AP[@]}" train -m alexnet $ALEXB $TR
-summ train-alexnet-big
-for s in train-rnnlm train-alexnet train-transformer train-tagger train-rnnlm-big train-alexnet-big; do summ $s; done > $L/summary.txt 2>&1
+for m in rnnlm alexnet transformer; do
+  case $m in rnnlm) O=$RNNB;; alexnet) O=$ALEXB;; *) O=$TRFB;; esac
+  step profile-$m-big 90 "${AP[@]}" profile -m $m $O -t local:1 --profile-cache $P --no-calibrate --json
+  step train-$m-big 90 "${AP[@]}" train -m $m $O $TR
+  summ train-$m-big
+done
+for m in rnnlm alexnet transformer tagger rnnlm-big alexnet-big transformer-big; do summ train-$m; done > $L/summary.txt 2>&1
 cat $L/summary.txt
 cp $P $L/*.trace.json $OUT/ 2>/dev/null
 tar czf $OUT/logs.tgz -C $OUT logs && rm -rf $L
