@@ -21,14 +21,16 @@ DEADLINE=${DEADLINE:-400}
 L=$OUT/logs; mkdir -p $L
 export PYTHONPATH=$PWD/examples/models${PYTHONPATH:+:$PYTHONPATH}
 if [ -n "${WHEELS:-}" ]; then
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $WHEELS/*.whl || exit 1
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    $WHEELS/*.whl || exit 1
   export PYTHONPATH=/tmp/site:$PYTHONPATH
 fi
 if [ "$DEV" = cuda ]; then
   nvidia-smi -L > $L/env.txt 2>&1
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv >> $L/env.txt 2>&1
 fi
-$PY -c "import torch,sys;print(sys.version.split()[0], torch.__version__, torch.cuda.is_available() and torch.cuda.get_device_name(0))" >> $L/env.txt 2>&1
+$PY -c "import sys, torch; print(sys.version.split()[0], torch.__version__,
+                                 torch.cuda.is_available() and torch.cuda.get_device_name(0))" >> $L/env.txt 2>&1
 cat $L/env.txt
 AP=($PY -c 'import sys; from autopar.cli import main; sys.exit(main())')
 P=$L/profile.json
@@ -66,7 +68,8 @@ try:
 except Exception as e:
     print(sys.argv[1], "no JSON:", e); sys.exit()
 print(f"{d['model']:<14} {d['strategy']:<14} predicted {d.get('predicted_step_s')} measured {d['measured_step_s']:.6f} "
-      f"cv {d.get('measured_cv', 0):.3f} error {d.get('prediction_error')} parts {d.get('predicted_parts_s')} | {d.get('prediction')}")
+      f"cv {d.get('measured_cv', 0):.3f} error {d.get('prediction_error')} parts {d.get('predicted_parts_s')} "
+      f"| {d.get('prediction')}")
 PYX
 }
 RNN="-o batch=16 -o embed=256 -o hidden=256 -o vocab=8192 -o steps=8"
@@ -80,7 +83,8 @@ TRFB="-o batch=8 -o seq=512 -o layers=6"
 TR="--strategy single-device --nproc 1 --device $DEV --topology $TOPO --profile-cache $P --steps 40 --json"
 step profile-rnnlm 150 "${AP[@]}" profile -m rnnlm $RNN -t local:1 --profile-cache $P --json
 step train-rnnlm 90 "${AP[@]}" train -m rnnlm $RNN $TR --trace $L/rnnlm-measured.trace.json
-step sim-rnnlm 60 "${AP[@]}" simulate -m rnnlm $RNN -t $TOPO --profile-cache $P -s single-device --json --trace $L/rnnlm-simulated.trace.json
+step sim-rnnlm 60 "${AP[@]}" simulate -m rnnlm $RNN -t $TOPO --profile-cache $P -s single-device --json \
+  --trace $L/rnnlm-simulated.trace.json
 summ train-rnnlm
 for m in alexnet transformer tagger:tagger; do
   case $m in alexnet) O=$ALEX;; transformer) O=$TRF;; *) O=$TAG;; esac
@@ -95,7 +99,9 @@ for m in rnnlm alexnet transformer; do
   step train-$m-big 90 "${AP[@]}" train -m $m $O $TR
   summ train-$m-big
 done
-for m in rnnlm alexnet transformer tagger rnnlm-big alexnet-big transformer-big; do summ train-$m; done > $L/summary.txt 2>&1
+for m in rnnlm alexnet transformer tagger rnnlm-big alexnet-big transformer-big; do
+  summ train-$m
+done > $L/summary.txt 2>&1
 cat $L/summary.txt
 cp $P $L/*.trace.json $OUT/ 2>/dev/null
 tar czf $OUT/logs.tgz -C $OUT logs && rm -rf $L
