@@ -60,8 +60,8 @@ step() {  # name timeout command...
   printf '%-28s rc=%-3s %4d s\n' $name $rc $((SECONDS - t0)) | tee -a $L/steps.txt
   [ $rc = 0 ] || tail -15 $L/$name.err
 }
-summ() {  # name of a train step: predicted / measured / error
-  $PY - $L/$1.out <<'PYX'
+summ() {  # name of a train step: predicted / measured / error, also into summary.txt
+  $PY - $L/$1.out <<'PYX' 2>&1 | tee -a $L/summary.txt
 import json, sys
 try:
     d = json.load(open(sys.argv[1]))
@@ -86,23 +86,18 @@ step train-rnnlm 90 "${AP[@]}" train -m rnnlm $RNN $TR --trace $L/rnnlm-measured
 step sim-rnnlm 60 "${AP[@]}" simulate -m rnnlm $RNN -t $TOPO --profile-cache $P -s single-device --json \
   --trace $L/rnnlm-simulated.trace.json
 summ train-rnnlm
-for m in alexnet transformer tagger:tagger; do
-  case $m in alexnet) O=$ALEX;; transformer) O=$TRF;; *) O=$TAG;; esac
-  n=${m%%:*}
-  step profile-$n 90 "${AP[@]}" profile -m $m $O -t local:1 --profile-cache $P --no-calibrate --json
-  step train-$n 90 "${AP[@]}" train -m $m $O $TR
-  summ train-$n
-done
-for m in rnnlm alexnet transformer; do
-  case $m in rnnlm) O=$RNNB;; alexnet) O=$ALEXB;; *) O=$TRFB;; esac
-  step profile-$m-big 90 "${AP[@]}" profile -m $m $O -t local:1 --profile-cache $P --no-calibrate --json
-  step train-$m-big 90 "${AP[@]}" train -m $m $O $TR
-  summ train-$m-big
-done
-for m in rnnlm alexnet transformer tagger rnnlm-big alexnet-big transformer-big; do
-  summ train-$m
-done > $L/summary.txt 2>&1
-cat $L/summary.txt
+measure() {  # name model options...: profile (the calibration is rnnlm's), train single-device, summarize
+  local name=$1 model=$2; shift 2
+  step profile-$name 90 "${AP[@]}" profile -m $model "$@" -t local:1 --profile-cache $P --no-calibrate --json
+  step train-$name 90 "${AP[@]}" train -m $model "$@" $TR
+  summ train-$name
+}
+measure alexnet alexnet $ALEX
+measure transformer transformer $TRF
+measure tagger tagger:tagger $TAG
+measure rnnlm-big rnnlm $RNNB
+measure alexnet-big alexnet $ALEXB
+measure transformer-big transformer $TRFB
 cp $P $L/*.trace.json $OUT/ 2>/dev/null
 tar czf $OUT/logs.tgz -C $OUT logs && rm -rf $L
 ls -la $OUT
