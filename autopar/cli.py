@@ -160,15 +160,18 @@ def _build_parser(command: str | None = None) -> argparse.ArgumentParser:
     pr = sub.add_parser("profile", help="measure op times on this machine into the profile cache",
                         description="Run every distinct task of MODEL that a strategy on TOPOLOGY (a local:N "
                                     "topology) can produce on this machine's CPU (or GPU when present), with "
-                                    "warm-up and the median of repeats, and store forward/backward times in "
-                                    "the profile cache the cost model reads.  On the CPU each task is measured "
+                                    "warm-up and the mean of repeats, and store forward/backward times in "
+                                    "the profile cache the cost model reads.  On the CPU the N workers measure "
+                                    "side by side, as they train, and their times are kept apart from other "
+                                    "N's: a local:1 profile does not price a local:2 plan.  Each task is measured "
                                     "with the core's L2 evicted before every call, each call followed by calls "
                                     "back to back with nothing evicted, and again with the last-level cache "
                                     "evicted; the simulator prices it between the two by what the cores' shared "
                                     "cache holds of its data in the step, from its back-to-back time where the "
                                     "step runs it right after the same task.")
     add_model_args(pr)
-    pr.add_argument("--repeats", type=int, default=5, help="timed runs per task (median is kept)")
+    pr.add_argument("--repeats", type=int, default=5,
+                    help="timed runs per task (their mean is kept: a step pays its slow calls too)")
     pr.add_argument("--rounds", type=int, default=3,
                     help="passes over all tasks, one after another; each task keeps its median pass (the "
                          "machine's speed moves from second to second)")

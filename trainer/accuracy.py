@@ -678,7 +678,7 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
     in, for `trainer.rescore` to simulate its rows again with later code: its profile cache with
     the calibration, the diagnosis's profiles and the benchmark's JSON (`keep_folder`)."""
     from autopar.planner.cost import CostModel, ProfileCache, profile_local
-    from autopar.planner.cost import profile_items, store_lockstep_passes
+    from autopar.planner.cost import kind_of, profile_items, store_lockstep_passes
     from autopar.planner.hardware import get_preset
     from autopar.planner.ir import import_spec
     from autopar.planner.sim import TaskGraphBuilder
@@ -705,7 +705,7 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
     with tempfile.TemporaryDirectory(prefix="autopar-accuracy-") as tmp:
         folder = kept or Path(tmp)
         cache = ProfileCache.load(Path(cfg.get("profile_cache") or folder / "profile.json"))
-        product = topology.devices[0].product
+        product, kind = topology.devices[0].product, kind_of(topology.devices[0])
         calibration = cache.calibration(product, "gloo", WORLD)
         if calibration is None or cfg.get("recalibrate"):
             from .calibrate import calibrate, summary_line
@@ -746,12 +746,12 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
             jobs = [Job(TrainConfig(model=model, optimizer=_OPT, log=False), spec, graph, chosen[n]) for n in unique]
             probes.append(speed_probe())
             t0 = time.perf_counter()
-            items = profile_items(graph, WORLD, product)
+            items = profile_items(graph, WORLD, kind)
             per_rank, passes = zip(*run_local(_measure, WORLD, (jobs, cfg["warmup"], cfg["steps"],
-                                                                (items, product, cfg["profile_repeats"]))))
+                                                                (items, kind, cfg["profile_repeats"]))))
             during = ProfileCache(path=folder / f"{graph.name}-{DURING_STEPS}.json")
             during.put_runtime_of(cache)
-            report = store_lockstep_passes(graph, items, passes, during, product)
+            report = store_lockstep_passes(graph, items, passes, during, kind)
             during.save()
             log(f"  trained {len(jobs)} strategies x {cfg['warmup'] + cfg['steps']} steps and profiled "
                 f"{len(report.measured)} task shapes between their blocks in {time.perf_counter() - t0:.0f} s")

@@ -1572,7 +1572,7 @@ def fit_exchange_latency(cal: RuntimeCalibration, world: int, cfg: "Settings",
     latency that made that prediction equal to the measured step; it absorbed every error of the
     ops' profile into the latency, which moved from 0.08 to 1.3 ms between calibrations of the
     same machine.)"""
-    from autopar.planner.cost import CostModel, ProfileCache, profile_ops
+    from autopar.planner.cost import CostModel, ProfileCache, kind_of, profile_ops
     from autopar.planner.hardware import get_preset
     from autopar.planner.sim import TaskGraphBuilder, simulate_strategy
 
@@ -1597,7 +1597,7 @@ def fit_exchange_latency(cal: RuntimeCalibration, world: int, cfg: "Settings",
     torch.set_num_threads(1)
     try:
         profile_ops(graph, choices, torch.device("cpu"), cache, repeats=cfg.profile_repeats, warmup=5,
-                    device_kind=topology.devices[0].product, module=job.spec.module)
+                    device_kind=kind_of(topology.devices[0]), module=job.spec.module)
     finally:
         torch.set_num_threads(threads)
     cost = CostModel(cache).bind(graph)

@@ -40,6 +40,11 @@ from .accuracy import (_EXAMPLES, _OPT, DURING_STEPS, LLC, PROFILE, RESULT, ROW_
                        keep_folder, record, totals)
 
 
+def _world(doc: dict[str, Any]) -> int:
+    """The number of ranks a kept run trained and profiled with, side by side on one host."""
+    return int(doc.get("world_size", WORLD))
+
+
 def _load(folder: Path) -> tuple[dict[str, Any], Any, dict[str, int]]:
     """(the benchmark's JSON, the profile cache, the methods it was measured by) of a kept run, or a
     `KeptRunError` naming what is wrong."""
@@ -60,7 +65,8 @@ def _load(folder: Path) -> tuple[dict[str, Any], Any, dict[str, int]]:
         raise KeptRunError(f"{result}: not the JSON `autopar bench accuracy` writes ({type(e).__name__}: {e}); "
                            "keep the run again") from e
     try:
-        cache = ProfileCache.load(profile, keep_stale=True)    # as it was measured, whatever the method
+        # as it was measured, whatever the method; an older file's CPU keys as its workers measured them
+        cache = ProfileCache.load(profile, keep_stale=True, host_workers=_world(doc))
     except CostModelError as e:
         raise KeptRunError(f"{folder}: its profile cannot be read by this autopar ({e}); keep a new run") from e
     if not cache.calibrations():
@@ -87,14 +93,14 @@ def _row_costs(folder: Path, doc: dict[str, Any], cache: Any, model: str) -> Any
         raise KeptRunError(f"{folder}: its rows were priced with the ops timed between each model's steps, and "
                            f"{path.name} is missing; keep the run whole, or keep a new one")
     try:
-        costs = ProfileCache.load(path, keep_stale=True)
+        costs = ProfileCache.load(path, keep_stale=True, host_workers=_world(doc))
     except CostModelError as e:
         raise KeptRunError(f"{folder}: {path.name} cannot be read by this autopar ({e}); keep a new run") from e
     costs.put_runtime_of(cache)
     return costs
 
 
-def _cold_costs(folder: Path, costs: Any, model: str) -> Any:
+def _cold_costs(folder: Path, doc: dict[str, Any], costs: Any, model: str) -> Any:
     """The op times measured with the last-level cache evicted that a kept row is priced with
     besides its own (`planner.sim.reuse`): those of its profile (since the twenty-eighth round the
     benchmark measures them before the steps), or else the diagnosis's, taken right after the
@@ -107,7 +113,7 @@ def _cold_costs(folder: Path, costs: Any, model: str) -> Any:
     if not path.is_file():
         return None
     try:
-        return ProfileCache.load(path, keep_stale=True)
+        return ProfileCache.load(path, keep_stale=True, host_workers=_world(doc))
     except CostModelError as e:
         raise KeptRunError(f"{folder}: {path.name} cannot be read by this autopar ({e}); keep a new run") from e
 
@@ -137,7 +143,7 @@ def rescore_run(folder: str | os.PathLike, log: Callable[[str], None] = lambda _
     doc, cache, methods = _load(folder)
     if str(_EXAMPLES) not in sys.path:
         sys.path.append(str(_EXAMPLES))        # the user's model, as the benchmark loads it
-    topology = get_preset(f"local:{doc.get('world_size', WORLD)}")
+    topology = get_preset(f"local:{_world(doc)}")
     rows: list[dict[str, Any]] = []
     by_name: dict[str, tuple[Any, Any]] = {}
     try:
@@ -145,7 +151,7 @@ def rescore_run(folder: str | os.PathLike, log: Callable[[str], None] = lambda _
             spec = with_dtype(load_model(m["model"], **m["options"]), None)
             graph = import_spec(spec)
             costs = _row_costs(folder, doc, cache, graph.name)
-            cost = CostModel(costs, cold=_cold_costs(folder, costs, graph.name)).bind(graph)
+            cost = CostModel(costs, cold=_cold_costs(folder, doc, costs, graph.name)).bind(graph)
             runtime = _kept_runtime(doc, trainer_calibration(topology, cost, graph))
             by_name[graph.name] = (graph, TaskGraphBuilder(graph, topology, cost, _OPT.name, runtime=runtime))
         for r in doc["rows"]:

@@ -18,9 +18,9 @@ pass them call `CostModel.bind(graph)` once; `task_cost` then looks them up by o
 
 Speed.  A search calls `task_cost` ~1e5 times on a few thousand distinct (op, degrees, device
 product) triples, so results are memoized on ``(id(op), degrees, device.product, device.kind,
-input_shapes)``: a hit is one dict lookup and returns the very same `Estimate` object.  The memo
-keeps a reference to the op so its id cannot be reused while the entry lives.  The memo is not
-invalidated when the cache changes: build a new `CostModel` after profiling.
+device.host_workers, input_shapes)``: a hit is one dict lookup and returns the very same `Estimate`
+object.  The memo keeps a reference to the op so its id cannot be reused while the entry lives.
+The memo is not invalidated when the cache changes: build a new `CostModel` after profiling.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from typing import Callable, Mapping
 from ..errors import CostModelError
 from ..hardware.topology import Device
 from ..ir.graph import DTYPE_BYTES, Op, OperatorGraph
-from .profile_cache import (COLD_SUFFIX, ProfileCache, attrs_text, cold_kind, hot_kind, key_of_shapes, op_dtype,
-                            task_shapes)
+from .profile_cache import (COLD_SUFFIX, ProfileCache, attrs_text, cold_kind, hot_kind, key_of_shapes, kind_of,
+                            op_dtype, task_shapes)
 
 __all__ = ["AnalyticModel", "CostModel", "Estimate", "KindClass", "graph_input_shapes", "kind_class"]
 
@@ -369,13 +369,13 @@ class CostModel:
     def task_cost(self, op: Op, degrees: tuple[int, ...], device: Device,
                   input_shapes: Shapes | None = None) -> Estimate:
         """Forward and backward seconds of one task of `op` split by `degrees`, on `device`."""
-        key = (id(op), degrees, device.product, device.kind, input_shapes)
+        key = (id(op), degrees, device.product, device.kind, device.host_workers, input_shapes)
         try:
             hit = self._memo.get(key)
         except TypeError:  # degrees or shapes given as lists
             degrees = tuple(degrees)
             input_shapes = None if input_shapes is None else tuple(tuple(s) for s in input_shapes)
-            key = (id(op), degrees, device.product, device.kind, input_shapes)
+            key = (id(op), degrees, device.product, device.kind, device.host_workers, input_shapes)
             hit = self._memo.get(key)
         if hit is not None:
             return hit[1]
@@ -401,7 +401,7 @@ class CostModel:
             attrs = self._attrs.get(id(op))
             if attrs is None or attrs[0] is not op:
                 attrs = self._attrs[id(op)] = (op, attrs_text(op))
-            key = key_of_shapes(op, device.product, shards, attrs[1])
+            key = key_of_shapes(op, kind_of(device), shards, attrs[1])
             measured = self.cache.get(key)
             if measured is not None:
                 return Estimate(measured[0], measured[1], "profile", self.cache.host(key))
@@ -431,15 +431,15 @@ class CostModel:
         `own` keeps under the product itself (`cold_cost`, `hot_cost`)."""
         if input_shapes is not None:
             input_shapes = tuple(tuple(s) for s in input_shapes)
-        key = (id(op), tuple(degrees), device.product, input_shapes)
+        key = (id(op), tuple(degrees), device.product, device.kind, device.host_workers, input_shapes)
         if key in memo:
             return memo[key]
         shards = task_shapes(op, tuple(degrees), self._shapes(op, input_shapes))
         found = None
         if own is not None:
-            found = own.get(key_of_shapes(op, device.product, shards))
+            found = own.get(key_of_shapes(op, kind_of(device), shards))
         if found is None and self.cache is not None:
-            found = self.cache.get(key_of_shapes(op, kind(device.product), shards))
+            found = self.cache.get(key_of_shapes(op, kind(kind_of(device)), shards))
         est = None if found is None else Estimate(found[0], found[1], "profile")
         memo[key] = est
         return est

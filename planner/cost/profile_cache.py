@@ -28,7 +28,9 @@ On the CPU a task has up to three entries, under three products: ``CPU-core`` (e
 the core's L2 cache was evicted), ``CPU-core (back to back)`` (the calls made right after those,
 with nothing evicted in between: `hot_kind`) and ``CPU-core (last level cold)`` (every call after
 the last-level cache was evicted: `cold_kind`); `planner.sim.reuse` prices a step's tasks between
-them.
+them.  Those are one worker's; times measured with N workers side by side on the host (``local:N``)
+are kept under ``CPU-core (N per host)`` and its back-to-back and cold variants (`host_kind`,
+`kind_of`), since a second worker slows the first one's ops.
 
 Beside the op times, ``"overheads"`` holds the runtime's own work per task measured in a model's
 own steps (`trainer.calibrate.model_overheads`), by ``"<calibration key>|<graph fingerprint>"``:
@@ -62,6 +64,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ..errors import CostModelError
 from ..fileio import atomic_write
 from .calibration import CALIBRATION_METHOD, RuntimeCalibration, calibration_key
+from ..hardware.catalog import LOCAL_CPU
+from ..hardware.topology import Device
 from ..ir.graph import Op
 from ..ir.regions import Range
 
@@ -77,7 +81,9 @@ FORMAT_VERSION = 1
 #: 5: the concurrent CPU workers bound to their own cores, as the trainer's gloo ranks
 #: (`profiler.bind_to_own_cores`).
 #: 6: on the CPU, each timed call is followed by calls back to back, stored apart (`hot_kind`).
-MEASUREMENT_METHOD = 6
+#: 7: CPU op times keyed by how many workers measured side by side on the host (`host_kind`); before
+#: that a ``local:1`` and a ``local:2`` profile shared their keys.
+MEASUREMENT_METHOD = 7
 
 Shape = tuple[int, ...]
 
@@ -206,6 +212,22 @@ def hot_key(key: str) -> str:
     return f"{hot_kind(kind)}|{rest}"
 
 
+def host_kind(product: str, workers: int) -> str:
+    """The device product under which a cache keeps the op times of a CPU `product` measured with
+    `workers` worker processes side by side on one host: the product alone for one worker,
+    ``"CPU-core (2 per host)"`` for two.  Workers side by side share the host's last-level cache and
+    memory bandwidth (and, on a virtual machine, whatever its cores share on the host under it), so
+    their ops run slower than one worker's: 1.4x in sum over rnnlm's tasks on the 2-core machine of
+    docs/simulation.md's thirty-fifth round.  A ``local:1`` profile must not price a ``local:2`` plan."""
+    return product if workers <= 1 else f"{product} ({workers} per host)"
+
+
+def kind_of(device: Device) -> str:
+    """The device product under which a cache keeps `device`'s op times: `host_kind` of a CPU
+    device's product and `Device.host_workers`, a GPU's product."""
+    return host_kind(device.product, device.host_workers) if device.kind == "cpu" else device.product
+
+
 def task_key(op: Op, degrees: Sequence[int], device_kind: str, input_shapes: Sequence[Sequence[int]]) -> str:
     """The cache key of one task of `op` split by `degrees`, on a device of product `device_kind`.
 
@@ -256,6 +278,19 @@ class _CacheFile(BaseModel):
     overheads: dict[str, _Overheads] = {}
 
 
+#: The first `MEASUREMENT_METHOD` whose CPU keys say how many workers measured side by side.
+_HOST_KEYED = 7
+
+
+def _rekeyed(key: str, workers: int) -> str:
+    """`key` of an older file's CPU entry, measured by `workers` workers side by side (`host_kind`)."""
+    kind, rest = key.split("|", 1)
+    product = LOCAL_CPU.product
+    if kind != product and not kind.startswith(product + " ("):
+        return key
+    return f"{host_kind(product, workers)}{kind[len(product):]}|{rest}"
+
+
 def _overheads_key(calibration_key: str, fingerprint: str) -> str:
     return f"{calibration_key}|fp={fingerprint}"
 
@@ -293,10 +328,14 @@ class ProfileCache:
             self.put_calibration(c if isinstance(c, RuntimeCalibration) else RuntimeCalibration.from_json(c))
 
     @classmethod
-    def load(cls, path: str | os.PathLike | None = None, keep_stale: bool = False) -> "ProfileCache":
+    def load(cls, path: str | os.PathLike | None = None, keep_stale: bool = False,
+             host_workers: int | None = None) -> "ProfileCache":
         """Read a cache file; a missing file gives an empty cache that will save to `path`.
         `keep_stale`: keep what an older autopar measured another way too (`MEASUREMENT_METHOD`,
-        `CALIBRATION_METHOD`), as it was measured: to replay a kept run (`trainer.rescore`), never to plan."""
+        `CALIBRATION_METHOD`), as it was measured: to replay a kept run (`trainer.rescore`), never to plan.
+        `host_workers`, with `keep_stale`: how many workers measured side by side the CPU op times of a
+        file older than method 7, which keyed them by the product alone; they are keyed as such
+        (`host_kind`).  Without it they keep their keys, which now say one worker."""
         p = Path(path).expanduser() if path is not None else default_cache_path()
         try:
             text = p.read_text(encoding="utf-8")
@@ -322,6 +361,8 @@ class ProfileCache:
                             f"now {MEASUREMENT_METHOD}); they are measured again")
             return cache
         stale = [] if keep_stale else sorted(k for k, c in doc.calibrations.items() if _stale_calibration(c))
+        if doc.method < _HOST_KEYED and host_workers is not None:
+            doc.entries = {_rekeyed(k, host_workers): v for k, v in doc.entries.items()}
         try:
             cache = cls({k: (v.forward, v.backward) for k, v in doc.entries.items()}, path=p,
                         calibrations={k: c for k, c in doc.calibrations.items() if k not in stale})

@@ -96,7 +96,8 @@ from ..errors import CostModelError, TopologyError
 from ..hardware.catalog import LOCAL_CPU, lookup
 from ..ir.graph import Op, OperatorGraph
 from .model import graph_input_shapes
-from .profile_cache import ProfileCache, cold_kind, hot_key, representative_ranges, task_key, task_shapes
+from .profile_cache import (ProfileCache, cold_kind, hot_key, kind_of, representative_ranges, task_key,
+                            task_shapes)
 
 ForwardTask = Callable[[Op, dict, list, list], Any]
 
@@ -1088,7 +1089,8 @@ def profile_local(models: Sequence[str], *, workers: int = 2, options: Mapping[s
     measured under every degree vector with at most `workers` tasks
     (`planner.ir.strategy.degree_choices`), each distinct task key once.  On the CPU (the default
     `device`) torch runs one thread (a `local` worker's share) and times are stored under the
-    preset's device product; on a CUDA `device` under its product (`device_kind_of`).
+    preset's device product and the number of its workers (`kind_of`: ``local:1`` and ``local:2``
+    keep apart what they measure); on a CUDA `device` under its product (`device_kind_of`).
 
     `concurrent` (default: on the CPU with more than one worker) measures in `workers` processes
     at once, in lockstep, and stores the median over them (module doc); each imports the model
@@ -1117,7 +1119,7 @@ def profile_local(models: Sequence[str], *, workers: int = 2, options: Mapping[s
         concurrent = device.type == "cpu" and workers > 1
     elif concurrent and device.type != "cpu":
         raise CostModelError(f"concurrent profiling runs CPU worker processes; measure {device} with concurrent=False")
-    kind = get_preset(f"local:{workers}").devices[0].product if device.type == "cpu" else device_kind_of(device)
+    kind = kind_of(get_preset(f"local:{workers}").devices[0]) if device.type == "cpu" else device_kind_of(device)
     if cold_keys:
         if cache_level != "llc":
             raise CostModelError(f"cold_keys stores times measured with the last-level cache evicted; "

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Iterable
 
@@ -35,7 +35,10 @@ class Device:
 
     `peak_flops` is the dense throughput for float32 training (FP32 on K80/P100/V100, TF32 tensor
     cores on A100/H100), `peak_flops_half` for float16/bfloat16; `mem_bandwidth` in bytes/s,
-    `memory` in bytes.
+    `memory` in bytes.  `host_workers`, for a CPU device, is how many of its topology's CPU devices
+    share its node (`DeviceTopology` sets it): worker processes side by side share the host's caches
+    and memory bandwidth, so an op's time depends on it and profile keys carry it
+    (`planner.cost.profile_cache.kind_of`).
     """
 
     id: int
@@ -47,12 +50,15 @@ class Device:
     peak_flops_half: float = 0.0
     mem_bandwidth: float = 0.0
     memory: int = 0
+    host_workers: int = 1
 
     def __post_init__(self) -> None:
         if self.peak_flops <= 0 or self.mem_bandwidth <= 0 or self.memory <= 0:
             raise TopologyError(
                 f"device {self.name}: peak_flops ({self.peak_flops}), mem_bandwidth ({self.mem_bandwidth}) "
                 f"and memory ({self.memory}) must all be positive")
+        if self.host_workers < 1:
+            raise TopologyError(f"device {self.name}: host_workers ({self.host_workers}) must be at least 1")
 
     def flops_for(self, dtype: str) -> float:
         if dtype in ("float16", "bfloat16") and self.peak_flops_half > 0:
@@ -100,6 +106,13 @@ class DeviceTopology:
     def __post_init__(self) -> None:
         if not self.devices:
             raise TopologyError(f"topology {self.name}: no devices")
+        cpus: dict[str, int] = {}
+        for d in self.devices:
+            if d.kind == "cpu":
+                cpus[d.node] = cpus.get(d.node, 0) + 1
+        if any(d.kind == "cpu" and d.host_workers != cpus[d.node] for d in self.devices):
+            object.__setattr__(self, "devices", tuple(replace(d, host_workers=cpus[d.node]) if d.kind == "cpu" else d
+                                                      for d in self.devices))
         for i, d in enumerate(self.devices):
             if d.id != i:
                 raise TopologyError(f"topology {self.name}: device {d.name} has id {d.id}, expected {i} (ids are 0..n-1 in order)")

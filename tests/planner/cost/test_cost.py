@@ -66,6 +66,25 @@ def test_estimate_is_profile_when_the_cache_holds_the_key():
     assert model.stats() == {"profile": 1, "analytic": 2}
 
 
+def test_a_profile_of_one_cpu_worker_does_not_price_two_side_by_side():
+    """Ops of two workers on one host run slower than one worker's alone (they share its caches and
+    memory bandwidth): a ``local:1`` profile prices ``local:1`` tasks and not ``local:2`` ones, and
+    the other way round, even with one model for both."""
+    from autopar.planner.cost.profile_cache import kind_of
+    from autopar.planner.hardware import get_preset
+    op, shapes = _linear()
+    one, two = get_preset("local:1").devices[0], get_preset("local:2").devices[0]
+    cache = ProfileCache()
+    cache.put(task_key(op, _ones(op), kind_of(one), shapes), 1e-3, 2e-3)
+    model = CostModel(cache)
+    assert model.task_cost(op, _ones(op), one, shapes) == Estimate(1e-3, 2e-3, "profile")
+    assert model.task_cost(op, _ones(op), two, shapes).source == "analytic"
+    cache.put(task_key(op, _ones(op), kind_of(two), shapes), 1.4e-3, 2.8e-3)
+    model = CostModel(cache)
+    assert model.task_cost(op, _ones(op), two, shapes) == Estimate(1.4e-3, 2.8e-3, "profile")
+    assert model.task_cost(op, _ones(op), one, shapes) == Estimate(1e-3, 2e-3, "profile")
+
+
 def test_memoized_estimates_are_the_same_object():
     op, shapes = _conv()
     model = CostModel()

@@ -104,6 +104,37 @@ def test_measurements_taken_the_old_way_are_dropped_with_a_notice(tmp_path):
     assert again.get("k") == (1.0, 2.0) and again.notice is None
 
 
+def test_a_kept_file_from_before_host_keys_is_read_as_its_workers_measured_it(tmp_path):
+    """A file of method 6 keyed CPU op times by the product alone, whatever the number of workers
+    that measured them side by side.  Replayed (`keep_stale`, as `trainer.rescore` does) with the
+    number of workers its run had, its CPU keys say it, back-to-back and cold ones too; a GPU's keys
+    and the op part of every key stay as they were.  Without the number they stay as written, and a
+    planning load drops them all (they are measured again, with the number in their keys)."""
+    path = tmp_path / "profile.json"
+    entries = {"CPU-core|linear|a": 1e-3, "CPU-core (back to back)|linear|a": 5e-4,
+               "CPU-core (last level cold)|linear|a": 2e-3, "H100-SXM5-80GB|linear|a": 1e-5}
+    path.write_text(json.dumps({"version": 1, "method": 6,
+                                "entries": {k: {"forward": f, "backward": 2 * f} for k, f in entries.items()}}))
+    kept = ProfileCache.load(path, keep_stale=True, host_workers=2)
+    assert dict(kept.items()) == {
+        "CPU-core (2 per host)|linear|a": (1e-3, 2e-3), "CPU-core (2 per host) (back to back)|linear|a": (5e-4, 1e-3),
+        "CPU-core (2 per host) (last level cold)|linear|a": (2e-3, 4e-3), "H100-SXM5-80GB|linear|a": (1e-5, 2e-5)}
+    assert set(ProfileCache.load(path, keep_stale=True)) == set(entries)
+    assert set(ProfileCache.load(path, keep_stale=True, host_workers=1)) == set(entries)
+    assert len(ProfileCache.load(path, host_workers=2)) == 0
+
+
+def test_host_kind_names_the_workers_side_by_side_on_a_cpu_host():
+    """``local:1`` keys its CPU op times by the product alone, ``local:N`` by the product and N; a
+    GPU's by its product, however many share a node."""
+    from autopar.planner.cost.profile_cache import host_kind, kind_of
+    from autopar.planner.hardware import get_preset
+    assert host_kind("CPU-core", 1) == "CPU-core" and host_kind("CPU-core", 4) == "CPU-core (4 per host)"
+    assert [kind_of(d) for d in get_preset("local:1").devices] == ["CPU-core"]
+    assert {kind_of(d) for d in get_preset("local:2").devices} == {"CPU-core (2 per host)"}
+    assert {kind_of(d) for d in get_preset("dgx-h100").devices} == {"H100-SXM5-80GB"}
+
+
 def test_save_is_atomic_when_the_rename_fails(tmp_path, monkeypatch):
     path = tmp_path / "profile.json"
     ProfileCache({"old": (1.0, 1.0)}).save(path)

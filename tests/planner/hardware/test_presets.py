@@ -144,6 +144,15 @@ def test_local_workers_are_cpu_cores_over_loopback_sharing_memory(workers):
     assert len(topo.links) == workers * (workers - 1)
 
 
+def test_cpu_devices_know_how_many_workers_share_their_host():
+    """`Device.host_workers`: a CPU device counts the topology's CPU devices on its node (they share
+    its caches and memory bandwidth), in a preset and in a subset of it; a GPU counts itself."""
+    assert [d.host_workers for d in get_preset("local:4").devices] == [4] * 4
+    assert [d.host_workers for d in get_preset("local:4").subset([1, 3]).devices] == [2, 2]
+    assert get_preset("local:1").devices[0].host_workers == 1
+    assert {d.host_workers for d in get_preset("dgx-h100x2").devices} == {1}
+
+
 def test_local_defaults_to_two_workers():
     assert get_preset("local").fingerprint == get_preset("local:2").fingerprint
 

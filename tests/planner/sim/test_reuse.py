@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 import torch.nn as nn
 
-from autopar.planner.cost import CostModel, ProfileCache, cold_kind, task_key
+from autopar.planner.cost import CostModel, ProfileCache, cold_kind, kind_of, task_key
 from autopar.planner.cost.calibration import RuntimeCalibration, default_calibration
 from autopar.planner.cost.model import graph_input_shapes
 from autopar.planner.cost.profile_cache import hot_key, task_shapes
@@ -55,7 +55,7 @@ def _profiled(g, topo, cold_over_warm: float, strategies) -> ProfileCache:
     """A cache with every task of `strategies` at 1 ms forward and 2 ms backward, and its cold
     times `cold_over_warm` times that, under the cold product."""
     cache = ProfileCache()
-    product = topo.devices[0].product
+    product = kind_of(topo.devices[0])
     for s in strategies:
         for op in g.ops:
             shapes = graph_input_shapes(g, op)
@@ -97,7 +97,7 @@ def test_a_separate_cold_cache_prices_as_the_cold_product_in_the_same_cache():
     g, topo = mlp(), get_preset("local:2")
     s = model_parallel(g, 2)
     cache = _profiled(g, topo, 1.5, [s])
-    product = topo.devices[0].product
+    product = kind_of(topo.devices[0])
     warm = ProfileCache({k: v for k, v in cache.items() if not k.startswith(cold_kind(product))})
     cold = ProfileCache({k.replace(cold_kind(product), product, 1): v for k, v in cache.items()
                          if k.startswith(cold_kind(product))})
@@ -194,7 +194,7 @@ def test_a_task_run_right_after_the_same_task_is_priced_back_to_back():
     row on a rank costs what the profile measured back to back; the first, and a task after one
     split another way, cost the warm price (`reuse.back_to_back`)."""
     g, topo = _twice(), get_preset("local:2")
-    product = topo.devices[0].product
+    product = kind_of(topo.devices[0])
     s = data_parallel(g, 2)
     first, second = [op.name for op in g.ops if op.kind == "linear"][:2]
     split = Strategy.from_mapping(g, {**{op.name: s[op.name] for op in g.ops},
