@@ -272,10 +272,19 @@ class RuntimeCalibration:
                 return curve(nbytes)
         return self.allreduce[-1][1](nbytes)
 
-    def bucket_time(self, nbytes: float, group: int) -> float:
-        """Seconds a gradient bucket's all-reduce of `nbytes` among `group` ranks holds them in a
-        step: `allreduce_time` times what one model's own steps showed (``allreduce_in_step``)."""
-        return self.allreduce_time(nbytes, group) * self.allreduce_in_step
+    def bucket_time(self, nbytes: float, group: int) -> tuple[float, float]:
+        """(seconds a gradient bucket's all-reduce of `nbytes` among `group` ranks lasts in a step,
+        seconds more it costs the backward ops its ranks run beside it).
+
+        In one model's own steps the all-reduces added ``allreduce_in_step`` times what
+        `allreduce_time` says for them.  The all-reduce itself lasts `allreduce_time` (at most):
+        a step's wait for the last bucket after the backward pass, with nothing beside it, was the
+        calibrated time (the tagger on the AMD VM: 3.5-4.6 ms against 3.8 calibrated, its steps
+        6-9 ms slower in all).  The rest was the backward pass running slower while gloo's threads
+        reduced on the same core (+2 ms of backward there, the forward pass unchanged;
+        docs/simulation.md, "Thirty-sixth round")."""
+        alone = self.allreduce_time(nbytes, group)
+        return min(alone, alone * self.allreduce_in_step), max(0.0, alone * (self.allreduce_in_step - 1.0))
 
     def issue_time(self, nbytes: float) -> float:
         """Seconds a rank's own thread spends starting the all-reduce of a bucket of `nbytes`

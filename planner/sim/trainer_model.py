@@ -45,10 +45,11 @@ What the trainer does, and how it is modelled:
 * **Gradient synchronization** in buckets (`planner.sim.buckets`, the trainer's own plan): a
   bucket's all-reduce starts when every rank of its group has passed the bucket's op in the
   backward pass and issued it (the calibrated ``issue`` on each rank's program, `_issue`), and
-  lasts the calibrated all-reduce time for its bytes and group size (times what the model's own
-  data-parallel steps showed the all-reduces add, where measured: `trainer_calibration`), on the
-  ring's links — and on the ranks' devices too when communication runs on their cores
-  (``comm_uses_cores``).  At
+  lasts the calibrated all-reduce time for its bytes and group size, on the ring's links — and
+  on the ranks' devices too when communication runs on their cores (``comm_uses_cores``).  Where
+  the model's own data-parallel steps showed the all-reduces adding more than that
+  (`trainer_calibration`), the rest is the backward ops beside it running slower: a task on each
+  member rank's program after the issue (`bucket_beside`).  At
   the end each rank waits for its buckets (`S`) and runs its optimizer step over all its shards
   (`O`): the calibrated optimizer time for its tensors and bytes (the cost model's update time
   where the calibration has none).  Before its first op, each rank
@@ -103,11 +104,12 @@ def trainer_calibration(topology, cost, graph: OperatorGraph | None = None) -> R
     the Xeon VM (docs/simulation.md, "Twenty-third round").  So are its exchange calls that move
     nothing between ranks, where they were measured with them (``local_exchange_s``, `_local_calls`);
     the chains never make such a call, and without the model's own steps they cost nothing.  And a
-    gradient bucket's all-reduce is charged at what the buckets' all-reduces added to the model's
-    own data-parallel steps, over what the calibration's all-reduce says for them
-    (``allreduce_in_step``, `RuntimeCalibration.bucket_time`): on the AMD VM of 2026-11-29 1.4x
-    (alexnet) to 3.0x (rnnlm), the all-reduce's threads sharing the rank's core with the backward
-    pass (docs/simulation.md, "Thirtieth round")."""
+    gradient bucket's all-reduce costs what the buckets' all-reduces added to the model's own
+    data-parallel steps, over what the calibration's all-reduce says for them
+    (``allreduce_in_step``): on the AMD VM of 2026-11-29 1.4x (alexnet) to 3.0x (rnnlm), the
+    all-reduce's threads sharing the rank's core with the backward pass (docs/simulation.md,
+    "Thirtieth round").  The all-reduce itself lasts the calibrated time, and the rest slows the
+    backward ops beside it (`RuntimeCalibration.bucket_time`, "Thirty-sixth round")."""
     devices = topology.devices
     if not devices or len({d.product for d in devices}) != 1:
         return None
@@ -202,6 +204,11 @@ def local_grad_exchange(n: int, i: int, d: int) -> tuple:
 def bucket_issue(k: int, d: int) -> tuple:
     """Rank d's thread issuing bucket k's all-reduce (`_issue`)."""
     return (2, k, -1, d)
+
+
+def bucket_beside(k: int, d: int) -> tuple:
+    """What bucket k's all-reduce costs the backward ops rank d runs beside it (`_issue`)."""
+    return (2, k, -2, d)
 
 
 def zero_grad(d: int) -> tuple:
@@ -624,21 +631,36 @@ def _stage(b, tasks: list, edges: list, key: tuple, first: tuple, last: tuple, n
         edges += [(q, k) for q in last] + [(k, nxt) for nxt in dst_next]
 
 
-def _issue(b, tasks: list, edges: list, keys: list, k: int, bucket, parts: list) -> None:
+def _issue(b, tasks: list, edges: list, keys: list, k: int, bucket, parts: list, beside: float = 0.0) -> None:
     """Each member rank's thread issuing bucket `k`'s all-reduce (the calibrated ``issue``) when
     its program passes the bucket's op, before the program goes on and before the all-reduce (its
-    tasks `parts`) starts (`trainer.sync.GradSync._issue`)."""
+    tasks `parts`) starts (`trainer.sync.GradSync._issue`).
+
+    Where the bucket is issued inside the backward pass (from a gradient's hook), its program
+    then also pays `beside`: what the all-reduce costs the backward ops its rank runs beside it
+    (`RuntimeCalibration.bucket_time`), a task of its own after the issue (`bucket_beside`), so
+    that the all-reduce starts when it is issued.  A bucket issued after the backward pass runs
+    beside no op of the step."""
     rt: RuntimeCalibration = b.runtime
-    seconds = rt.issue_time(bucket.nbytes)
-    if seconds <= 0:
-        return
     n, i = b.num_ops, bucket.after_op - 1
+    seconds = rt.issue_time(bucket.nbytes)
+    beside = beside if i >= 0 else 0.0
     for d in bucket.devices:
-        key = bucket_issue(k, d)
-        tasks.append((key, _CHAIN_BASE + d if rt.launches_async else d, seconds, "overhead", 0.0, f"issue bucket {k}"))
-        keys.append(key)
+        prev = back_arrive(n, i, d)
         after = grads_out(n, i, d) if i >= 0 else sync_wait(d)
-        edges += [(back_arrive(n, i, d), key), (key, after)] + [(key, p) for p in parts]
+        if seconds > 0:
+            key = bucket_issue(k, d)
+            tasks.append((key, _CHAIN_BASE + d if rt.launches_async else d, seconds, "overhead", 0.0,
+                          f"issue bucket {k}"))
+            keys.append(key)
+            edges += [(prev, key), (key, after)] + [(key, p) for p in parts]
+            prev = key
+        if beside > 0:
+            key = bucket_beside(k, d)
+            tasks.append((key, _CHAIN_BASE + d if rt.launches_async else d, beside, "overhead", 0.0,
+                          f"backward beside bucket {k}"))
+            keys.append(key)
+            edges += [(prev, key), (key, after)]
 
 
 def batch_draw_time(g, rt: RuntimeCalibration) -> float:
@@ -664,7 +686,7 @@ def sync_plan(b, holdings: dict) -> tuple:
             zeroed[d] += bucket.nbytes
         devs = bucket.devices
         r = len(devs)
-        seconds = rt.bucket_time(bucket.nbytes, r)
+        seconds, beside = rt.bucket_time(bucket.nbytes, r)
         links: list[int] = []
         for e in range(r):
             for link in b._route(devs[e], devs[(e + 1) % r])[1]:
@@ -686,7 +708,7 @@ def sync_plan(b, holdings: dict) -> tuple:
             if rt.launches_async:   # the gradients are the kernels' work: the stream must be there too
                 edges += [(stream_back(n, bucket.after_op - 1, d), key) for d in devs]
             edges += [(key, sync_wait(d)) for d in devs]
-        _issue(b, tasks, edges, keys, k, bucket, parts)
+        _issue(b, tasks, edges, keys, k, bucket, parts, beside)
     devices = b.topology.devices
     update_time = b.cost.update_time
     drawn = b._batch_draw_s
@@ -736,7 +758,8 @@ def step_parts(b, tg, tl, barrier: bool = True) -> dict[int, dict[str, float]]:
       compute (less what of it falls while the program waits in an exchange: that is transfer);
       and a bucket's issue where the trainer issues it from a gradient's hook, inside the
       backward call of the op the bucket follows (`trainer.sync.GradSync.accumulated`), so that
-      the call's span holds it (rnnlm's data-parallel rows on the AMD VM: 2.3 ms a step);
+      the call's span holds it (rnnlm's data-parallel rows on the AMD VM: 2.3 ms a step), and
+      what a bucket's all-reduce costs the backward ops beside it (`bucket_beside`);
     * ``transfer``: the program's time in its ops' exchanges, forward and backward (from reaching
       an exchange to having its inputs, or its gradients, staged: the ``exchange`` and ``grad
       exchange`` spans);
@@ -796,6 +819,8 @@ def step_parts(b, tg, tl, barrier: bool = True) -> dict[int, dict[str, float]]:
         elif len(key) == 4 and key[2] == 4:               # an op's own backward call (`engine_call`)
             out[res]["compute"] += info.duration
         elif len(key) == 4 and key == bucket_issue(key[1], res) and sync_wait(res) not in tg.succs(key):   # from a hook
+            out[res]["compute"] += info.duration
+        elif len(key) == 4 and key == bucket_beside(key[1], res):   # the backward ops beside an all-reduce
             out[res]["compute"] += info.duration
     for d, part in out.items():
         end = tl.end[optimizer_step(d)]

@@ -687,14 +687,19 @@ def test_each_rank_issues_a_buckets_all_reduce_on_its_program_before_it_starts()
     assert res.step_time > none.step_time
 
 
-def test_a_bucket_all_reduce_lasts_what_the_models_own_steps_showed_it_adds():
+def test_a_bucket_all_reduce_lasts_its_calibrated_time_and_slows_the_backward_ops_beside_it():
     """Where `autopar profile` measured what the buckets' all-reduces add to a model's own
     data-parallel step, over what the calibration's all-reduce says (``allreduce_in_step``), each
-    bucket's all-reduce of that model lasts that many times the calibrated time; other models,
-    and a cache without it, keep the calibrated time."""
+    bucket's all-reduce of that model still lasts the calibrated time (a step's wait for the last
+    bucket is that), and the rest is what it costs the backward ops beside it: a task on each
+    member rank's program after the bucket's issue from a gradient's hook, booked as compute.  A
+    ratio under 1 shortens the all-reduce itself.
+    Other models, and a cache without the ratio, keep the calibrated time and nothing beside."""
     from dataclasses import replace
 
     from autopar.planner.cost import ProfileCache
+    from autopar.planner.sim import step_parts
+    from autopar.planner.sim.trainer_model import bucket_beside, sync_wait
     g, other = rnn(steps=3), mlp()
     topo = get_preset("local:2")
     cal = replace(default_calibration(topo.devices[0].product, "gloo", 2), source="measured")
@@ -702,25 +707,48 @@ def test_a_bucket_all_reduce_lasts_what_the_models_own_steps_showed_it_adds():
     cache.put_calibration(cal)
     cache.put_overheads(cal, g.fingerprint, 30e-6, 35e-6, 12, allreduce_in_step=2.5)
     cache.put_overheads(cal, other.fingerprint, 30e-6, 35e-6, 12)
-    assert cal.bucket_time(1 << 20, 2) == cal.allreduce_time(1 << 20, 2)
+    assert cal.bucket_time(1 << 20, 2) == (cal.allreduce_time(1 << 20, 2), 0.0)
+    assert replace(cal, allreduce_in_step=2.5).bucket_time(1 << 20, 2) == pytest.approx(
+        (cal.allreduce_time(1 << 20, 2), 1.5 * cal.allreduce_time(1 << 20, 2)))
 
-    def buckets(graph, c):
-        b = TaskGraphBuilder(graph, topo, CostModel(c).bind(graph))
-        tg = simulate_strategy(b, data_parallel(graph, 2))[2]
-        return b.runtime, {k: tg.task(k) for k in tg if k[0] == 2 and len(k) == 3}
+    def simulated(graph, c, ratio=None):
+        b = TaskGraphBuilder(graph, topo, CostModel(c).bind(graph), bucket_bytes=100)
+        if ratio is not None:
+            b = TaskGraphBuilder(graph, topo, CostModel(c).bind(graph), bucket_bytes=100,
+                                 runtime=replace(b.runtime, allreduce_in_step=ratio))
+        res, tl, tg = simulate_strategy(b, data_parallel(graph, 2))
+        return b, res, tl, tg, {k: tg.task(k) for k in tg if k[0] == 2 and len(k) == 3}
 
     def seconds(t):       # one duration per resource the all-reduce holds: the links, and the ranks' cores
         return list(t.duration) if isinstance(t.duration, tuple) else [t.duration]
-    rt, mine = buckets(g, cache)
-    assert rt.allreduce_in_step == 2.5 and mine
-    for t in mine.values():
-        assert seconds(t) == pytest.approx([2.5 * cal.allreduce_time(t.nbytes, 2)] * len(seconds(t)))
-    rt, theirs = buckets(other, cache)
-    assert rt.allreduce_in_step == 1.0 and theirs
+    b, res, tl, tg, mine = simulated(g, cache)
+    assert b.runtime.allreduce_in_step == 2.5 and mine
+    hooked = 0
+    for (_, k, _), t in mine.items():
+        alone = cal.allreduce_time(t.nbytes, 2)
+        assert seconds(t) == pytest.approx([alone] * len(seconds(t)))
+        for key in (bucket_beside(k, d) for d in (0, 1)):
+            assert tg.task(key).resource == key[3] and tg.task(key).duration == pytest.approx(1.5 * alone)
+            assert sync_wait(key[3]) not in tg.succs(key)        # inside the backward pass
+        hooked += 1
+    assert hooked >= 2
+    _, plain, tl1, tg1, _ = simulated(g, cache, ratio=1.0)
+    parts, parts1 = step_parts(b, tg, tl), step_parts(b, tg1, tl1)
+    for d in (0, 1):
+        extra = sum(tg.task(k).duration for k in tg if len(k) == 4 and k == bucket_beside(k[1], d))
+        assert extra > 0 and parts[d]["compute"] - parts1[d]["compute"] >= extra - 1e-9
+    assert res.step_time > plain.step_time
+    _, _, _, tg_half, halved = simulated(g, cache, ratio=0.5)
+    for t in halved.values():
+        assert seconds(t) == pytest.approx([0.5 * cal.allreduce_time(t.nbytes, 2)] * len(seconds(t)))
+    assert not any(len(k) == 4 and k[0] == 2 and k[2] == -2 for k in tg_half)
+    b, _, _, tg2, theirs = simulated(other, cache)
+    assert b.runtime.allreduce_in_step == 1.0 and theirs
     for t in theirs.values():
         assert seconds(t) == pytest.approx([cal.allreduce_time(t.nbytes, 2)] * len(seconds(t)))
+    assert not any(len(k) == 4 and k[0] == 2 and k[2] == -2 for k in tg2)
     cache.put_overheads(cal, g.fingerprint, 30e-6, 35e-6, 12)       # measured again without it: gone
-    assert buckets(g, cache)[0].allreduce_in_step == 1.0
+    assert simulated(g, cache)[0].runtime.allreduce_in_step == 1.0
 
 
 def test_a_models_own_overheads_replace_the_chains_for_that_model_only():
