@@ -609,11 +609,19 @@ def _overhead_rank(rank: int, world: int, cfg: Settings, device_kind: str = "cpu
 #: Untimed and timed steps of `model_overheads` (full, quick).
 MODEL_STEPS = {False: (3, 12), True: (2, 4)}
 #: `model_overheads`' data-parallel steps with and without the buckets' all-reduces: untimed steps,
-#: then blocks of each (how many, and timed steps per block), alternating (full, quick).
+#: then blocks of each (at least how many, and timed steps per block), alternating (full, quick).
 SYNC_STEPS = {False: (3, 4, 6), True: (2, 2, 2)}
+#: Then two more blocks of each at a time while the timed steps have run fewer seconds than this,
+#: up to `SYNC_MAX_BLOCKS` of each (full, quick): what the all-reduces add beyond their calibrated
+#: time is a small difference of two noisy medians (the tagger's ratio 1.4-3.5 over the kept runs,
+#: its steps 20-50 ms), so a model with short steps gets more of them (docs/simulation.md,
+#: "Thirty-sixth round").
+SYNC_SECONDS = {False: 12.0, True: 0.0}
+SYNC_MAX_BLOCKS = 16
 
 
-def _model_sync_rank(rank: int, world: int, model: str, options: dict[str, Any], quick: bool) -> dict[str, Any]:
+def _model_sync_rank(rank: int, world: int, model: str, options: dict[str, Any], quick: bool,
+                     budget_s: float, max_blocks: int) -> dict[str, Any]:
     """One rank of `model` under data parallelism, stepped by the trainer's own `Trainer` in
     alternating blocks with its gradient buckets' all-reduces and without them (each issue a
     no-op: the step then never synchronizes), a barrier before every step; per timed step its
@@ -624,8 +632,9 @@ def _model_sync_rank(rank: int, world: int, model: str, options: dict[str, Any],
     issue = sync._issue
     untimed, blocks, per_block = SYNC_STEPS[quick]
     steps: list[tuple[float, bool]] = []
-    done = 0
-    for b in range(2 * blocks):
+    done = b = 0
+    more = torch.zeros(1)
+    while True:
         on = b % 2 == (b // 2) % 2           # on, off, off, on, on, off, ...: neither always goes first
         sync._issue = issue if on else (lambda k: None)
         for i in range((untimed if b == 0 else 1) + per_block):
@@ -636,17 +645,25 @@ def _model_sync_rank(rank: int, world: int, model: str, options: dict[str, Any],
             done += 1
             if i >= (untimed if b == 0 else 1):
                 steps.append((seconds, on))
+        b += 1
+        if b % 4 == 0 and b >= 2 * blocks:   # after each on, off, off, on: rank 0 says whether to go on
+            more[0] = float(rank == 0 and b < 2 * max_blocks and sum(t for t, _ in steps) < budget_s)
+            dist.broadcast(more, 0)
+            if not more[0]:
+                break
     sync._issue = issue
-    return {"steps": steps, "buckets": [sum(e.numel * sync.shards[e.param].tensor.element_size() for e in b.entries)
-                                        for b in sync.mine]}
+    return {"steps": steps, "buckets": [sum(e.numel * sync.shards[e.param].tensor.element_size() for e in bk.entries)
+                                        for bk in sync.mine]}
 
 
-def model_sync(model: str, options: Mapping[str, Any] | None, world: int, *,
-               quick: bool = False) -> dict[str, Any] | None:
+def model_sync(model: str, options: Mapping[str, Any] | None, world: int, *, quick: bool = False,
+               seconds: float | None = None, max_blocks: int = SYNC_MAX_BLOCKS) -> dict[str, Any] | None:
     """What the gradient buckets' all-reduces add to `model`'s own data-parallel step on `world`
     local gloo ranks, one thread each: the median step (the slower rank's) with them, less the
     median without them (`SYNC_STEPS`, alternating blocks), and the bytes of every bucket
     (``buckets``), for `ensure_model_overheads` to set against the calibration's all-reduce.
+    After the least number of blocks, two more of each at a time while the timed steps have run
+    under `seconds` (default `SYNC_SECONDS`), up to `max_blocks` of each.
 
     The calibration times an all-reduce with nothing else running; in a step it runs on gloo's
     threads while the backward pass goes on, on the same core.  On the AMD VM (2026-11-29) they
@@ -656,7 +673,8 @@ def model_sync(model: str, options: Mapping[str, Any] | None, world: int, *,
     parallelism reduces no bucket."""
     if world < 2:
         return None
-    per_rank = run_local(_model_sync_rank, world, (model, dict(options or {}), quick))
+    seconds = SYNC_SECONDS[quick] if seconds is None else seconds
+    per_rank = run_local(_model_sync_rank, world, (model, dict(options or {}), quick, seconds, max_blocks))
     if not per_rank[0]["buckets"]:
         return None
     steps = [(max(s[0] for s in same), same[0][1]) for same in zip(*(r["steps"] for r in per_rank))]
@@ -723,7 +741,7 @@ def model_overheads(model: str, options: Mapping[str, Any] | None, world: int, *
     an op's exchange beside any message (`planner.sim.trainer_model._local_calls`: 0.2-0.9 ms of a
     data-parallel step on the AMD VM of 2026-11-29).  `model` and `options` as `autopar profile`
     takes them (each rank imports the model itself).  About as long as 15 single-device steps and
-    60 data-parallel ones."""
+    58 data-parallel ones, or more where they fit in `SYNC_SECONDS` (226 at most)."""
     if world < 1:
         raise ValueError(f"model_overheads needs at least one rank, got world={world}")
     per_rank = run_local(_model_overhead_rank, world, (model, dict(options or {}), quick))

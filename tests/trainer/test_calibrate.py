@@ -255,6 +255,21 @@ def test_one_way_latencies_run_from_the_senders_entry_to_the_receivers_return():
         one_way_latencies([rank0])
 
 
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+def test_a_models_sync_steps_go_on_in_whole_rounds_until_their_seconds_or_the_most_blocks():
+    """`model_sync` steps at least `SYNC_STEPS` blocks with the all-reduces and without, then two
+    more of each at a time (on, off, off, on) while its timed steps have run under `seconds`, up to
+    `max_blocks` of each: both ranks stop at the same block."""
+    from autopar.trainer import calibrate as calib
+    untimed, blocks, per_block = calib.SYNC_STEPS[True]
+    options = {"batch": 4}
+    assert calib.model_sync("lenet", options, 2, quick=True, seconds=0.0)["steps"] == 2 * blocks * per_block
+    longer = calib.model_sync("lenet", options, 2, quick=True, seconds=1e9, max_blocks=blocks + 2)
+    assert longer["steps"] == 2 * (blocks + 2) * per_block and longer["added_s"] >= 0
+    assert calib.model_sync("lenet", options, 1, quick=True) is None
+
+
 def test_send_calls_are_the_senders_own_calls_of_one_way_messages():
     """Paired as the latencies are: the sender's call from its entry to its return, whoever
     entered first; the calls where neither receives are no message."""
