@@ -530,6 +530,25 @@ def _row_diagnosis(measured_s: float, measured_parts: dict[str, float], sims: di
             "simulated_llc_s": llc_s, "error_llc": llc_s / measured_s - 1.0, "compute_cache_share": share}
 
 
+def sync_steps(builder, strategy, simulated_with_s: float, measured: dict[str, Any]) -> dict[str, Any]:
+    """`model_sync`'s data-parallel steps (``with_s`` and ``without_s``: the model's own, with its
+    buckets' all-reduces and with them turned off, timed before the search) beside the simulated
+    step of the same plan, `simulated_with_s`, and without the all-reduces (each at a billionth
+    of its time, the simulator's tasks all take some, and nothing beside it:
+    `RuntimeCalibration.bucket_time` with that in-step ratio).  Which of the two a data-parallel row's error comes from, the step's compute or what
+    its synchronization adds; reported, never applied."""
+    from dataclasses import replace
+
+    from autopar.planner.sim import TaskGraphBuilder
+    off = TaskGraphBuilder(builder.graph, builder.topology, builder.cost, builder.optimizer,
+                           runtime=replace(builder.runtime, allreduce_in_step=1e-9), bucket_bytes=builder.bucket_bytes)
+    without = simulate_parts(off, strategy)[0]
+    return {"steps": measured["steps"], "measured_with_s": measured["with_s"], "measured_without_s": measured["without_s"],
+            "simulated_with_s": simulated_with_s, "simulated_without_s": without,
+            "error_with": simulated_with_s / measured["with_s"] - 1.0,
+            "error_without": without / measured["without_s"] - 1.0}
+
+
 def _mean_arrivals(builder, plans: dict[str, Any]) -> dict[str, float]:
     """Each plan's step simulated with every wait priced between mean arrivals, as before the
     arrival noise was modelled (`planner.sim.waits`); {} where the calibration has none."""
@@ -738,6 +757,12 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
             chosen = strategies(graph, topology, cost, spec.module, cfg, log)
             builder = TaskGraphBuilder(graph, topology, cost, _OPT.name)
             simulated = {name: simulate_parts(builder, s) for name, s in chosen.items()}
+            if own.get("sync_steps") and "data-parallel" in chosen:
+                overheads[graph.name]["sync_steps"] = got = sync_steps(builder, chosen["data-parallel"],
+                                                                       simulated["data-parallel"][0], own["sync_steps"])
+                log(f"  its data-parallel steps before the search, with the buckets' all-reduces and without: measured "
+                    f"{got['measured_with_s'] * 1e3:.1f} and {got['measured_without_s'] * 1e3:.1f} ms, simulated "
+                    f"{got['simulated_with_s'] * 1e3:.1f} and {got['simulated_without_s'] * 1e3:.1f} ms")
             mean_arrivals = _mean_arrivals(builder, chosen)
             # A plan two strategies share trains once (module docstring, 4.).
             first: dict[tuple, str] = {}

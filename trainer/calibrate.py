@@ -774,7 +774,9 @@ def ensure_model_overheads(cache, model: str, options: Mapping[str, Any] | None,
     ``local:<workers>`` (with its exchange calls and, on more than one rank, what its all-reduces
     add to a data-parallel step: an older autopar did not time them), measured
     and saved otherwise, or with `remeasure` (what `autopar
-    profile` and `autopar run` do after `autopar.job.pipeline.ensure_calibration`).  Skipped (the
+    profile` and `autopar run` do after `autopar.job.pipeline.ensure_calibration`); a new
+    measurement on more than one rank also answers `model_sync`'s median steps with the buckets'
+    all-reduces and without them (``sync_steps``: ``with_s``, ``without_s``, ``steps``).  Skipped (the
     chains' figures stay) where the cache has no such calibration, and ``failed``, with the
     error, where the ranks could not step the model whole; the profile is kept either way.
     Stored under `fingerprint` (default: the graph of `model` built with `options`), e.g. the
@@ -805,8 +807,11 @@ def ensure_model_overheads(cache, model: str, options: Mapping[str, Any] | None,
     cache.put_overheads(cal, fingerprint, res["fwd_task_s"], res["bwd_task_s"], res["steps"],
                         exchange=res["exchange_call_s"], allreduce_in_step=ratio)
     cache.save()
-    return {**_overheads_result("measured", model, res["fwd_task_s"], res["bwd_task_s"], res["exchange_call_s"],
-                                ratio), "seconds": round(time.perf_counter() - t0, 1)}
+    out = {**_overheads_result("measured", model, res["fwd_task_s"], res["bwd_task_s"], res["exchange_call_s"],
+                               ratio), "seconds": round(time.perf_counter() - t0, 1)}
+    if res.get("sync"):
+        out["sync_steps"] = {k: res["sync"][k] for k in ("with_s", "without_s", "steps")}
+    return out
 
 
 def _overheads_result(status: str, model: str, fwd: float, bwd: float,

@@ -117,6 +117,14 @@ def test_a_small_accuracy_run_reports_every_row_and_the_totals(tmp_path):
     diag = doc["diagnosis"]
     assert diag["llc_evicted"]["max_abs_error"] >= diag["llc_evicted"]["median_abs_error"] >= 0
     assert diag["profile_after_steps"]["max_change"] >= diag["profile_after_steps"]["median_change"] >= 0
+    # The model's data-parallel steps before the search, with its all-reduces and without, beside
+    # the same plan simulated both ways: the simulated step with them is the data-parallel row's.
+    sync = doc["model_overheads"]["lenet"]["sync_steps"]
+    dp = next(r for r in doc["rows"] if r["strategy"] == "data-parallel")
+    assert sync["simulated_with_s"] == dp["simulated_s"] and sync["steps"] > 0
+    assert 0 < sync["simulated_without_s"] < sync["simulated_with_s"]
+    for how in ("with", "without"):
+        assert sync[f"error_{how}"] == pytest.approx(sync[f"simulated_{how}_s"] / sync[f"measured_{how}_s"] - 1)
     speed = doc["machine_speed"]["per_model"]["lenet"]   # the probe around the profile and the steps
     assert len(speed["probes"]) == 4 and all(p["compute_s"] > 0 and p["memory_s"] > 0 for p in speed["probes"])
     assert all(p["cache_over_memory"] > 0 and p["pair_over_memory"] > 0 for p in speed["probes"])

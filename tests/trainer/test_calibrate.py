@@ -449,6 +449,7 @@ def test_a_models_own_steps_give_its_runtime_work_per_task_and_the_cache_keeps_i
     assert first["status"] == "measured" and first["fwd_task_us"] == 70.0 and len(calls) == 1
     ratio = sync["added_s"] / sum(cal.allreduce_time(b, 2) for b in sync["buckets"])
     assert first["allreduce_in_step"] == round(ratio, 3) and "all-reduces add" in first["line"]
+    assert first["sync_steps"] == {k: sync[k] for k in ("with_s", "without_s", "steps")}
     saved = ProfileCache.load(tmp_path / "profile.json")
     assert saved.allreduce_in_step(cal, graph.fingerprint) == pytest.approx(ratio)
     assert first["exchange_call_us"] == [round(got["exchange_call_s"][0] * 1e6, 1), 0.0]
@@ -457,6 +458,7 @@ def test_a_models_own_steps_give_its_runtime_work_per_task_and_the_cache_keeps_i
         saved.exchange_overheads(cal, graph.fingerprint) == got["exchange_call_s"]
     kept = ensure_model_overheads(cache, "lenet", options, 2)
     assert kept["status"] == "kept" and kept["exchange_call_us"] == first["exchange_call_us"] and len(calls) == 1
+    assert "sync_steps" not in kept                                   # the cache keeps the ratio, not the steps
     assert ensure_model_overheads(cache, "lenet", options, 2, remeasure=True)["status"] == "measured"
     assert len(calls) == 2
 
