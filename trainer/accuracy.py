@@ -535,15 +535,18 @@ def sync_steps(builder, strategy, simulated_with_s: float, measured: dict[str, A
     buckets' all-reduces and with them turned off, timed before the search) beside the simulated
     step of the same plan, `simulated_with_s`, and without the all-reduces (each at a billionth
     of its time, the simulator's tasks all take some, and nothing beside it:
-    `RuntimeCalibration.bucket_time` with that in-step ratio).  Which of the two a data-parallel row's error comes from, the step's compute or what
-    its synchronization adds; reported, never applied."""
+    `RuntimeCalibration.bucket_time` with that in-step ratio).  Which of the two a data-parallel
+    row's error comes from, the step's compute or what its synchronization adds; reported, never
+    applied."""
     from dataclasses import replace
 
     from autopar.planner.sim import TaskGraphBuilder
     off = TaskGraphBuilder(builder.graph, builder.topology, builder.cost, builder.optimizer,
-                           runtime=replace(builder.runtime, allreduce_in_step=1e-9), bucket_bytes=builder.bucket_bytes)
+                           runtime=replace(builder.runtime, allreduce_in_step=1e-9),
+                           bucket_bytes=builder.bucket_bytes)
     without = simulate_parts(off, strategy)[0]
-    return {"steps": measured["steps"], "measured_with_s": measured["with_s"], "measured_without_s": measured["without_s"],
+    return {"steps": measured["steps"], "measured_with_s": measured["with_s"],
+            "measured_without_s": measured["without_s"],
             "simulated_with_s": simulated_with_s, "simulated_without_s": without,
             "error_with": simulated_with_s / measured["with_s"] - 1.0,
             "error_without": without / measured["without_s"] - 1.0}
