@@ -53,6 +53,21 @@ in turn against 1.05 ms warm); a random plan's, whose consecutive tasks change s
 weights, do not (docs/simulation.md, "Thirty-third round").  Such a task costs
 ``hot + f (cold - warm)``.
 
+A task that its rank runs right after another of its own op tasks pays no cold share
+(`after_own_op`).  What the profile with the last-level cache evicted adds is mostly not its
+data coming from memory: a linear layer of 256 tokens from 128 to 512 features touches 0.9 MiB
+and took 0.77 ms warm, 1.93 ms cold, where a pass over 0.9 MiB from memory takes 0.13-0.17 ms on
+the AMD VM (the accuracy benchmark's speed probe).  The eviction takes the op's code and the
+runtime's with it, and a rank that goes from one of its ops to the next keeps those, and the data
+it just used, in the cache.  The transformer under data parallelism, traced in its own steps
+(`autopar train --trace`, 2026-11-30, docs/simulation.md "Thirty-seventh round"): its 24 forward
+op tasks took 19.6 ms a step against 21.1 warm and 18.0 back to back, 20 of them at or below
+their warm time and the others 0.1-0.2 of the way to their cold time, where their cold shares
+(0.24-0.77) had priced them at 27.1 ms.  A task after the runtime's exchange work (packing,
+posting a receive, unpacking: gloo's threads and the kernel's socket code run on the same core)
+or after an all-reduce's issue starts as cold as its share says: rnnlm's cells in its random
+plans, most of them after an exchange, take 1.5-2x their warm time in its steps.
+
 It needs a first simulation, for the order of the touches, and a second with the repriced tasks;
 the search's own simulations (MCMC, delta simulation) keep the warm profile.
 """
@@ -71,7 +86,7 @@ from .simulator import TaskGraph, Timeline
 from .taskgraph import OPTIMIZER_STATES
 from .trainer_model import _FLOAT, optimizer_step, requires_grad
 
-__all__ = ["CacheShares", "InCacheCost", "access_misses", "applies", "back_to_back", "cache_shares",
+__all__ = ["CacheShares", "InCacheCost", "access_misses", "after_own_op", "applies", "back_to_back", "cache_shares",
            "in_cache_builder"]
 
 
@@ -175,12 +190,40 @@ def _touches(builder, strategy: Strategy, tg: TaskGraph, tl: Timeline) -> list[T
 
 def cache_shares(builder, strategy: Strategy, tg: TaskGraph, tl: Timeline, capacity: int) -> CacheShares:
     """Each compute task's cold share on the simulated step `tl` of `strategy` (module docstring),
-    with a shared cache of `capacity` bytes."""
+    with a shared cache of `capacity` bytes; none for a task its rank runs right after one of its
+    own op tasks (`after_own_op`)."""
     missed = access_misses(_touches(builder, strategy, tg, tl), tl.makespan, capacity)
+    warm = after_own_op(builder, tg, tl)
     shares: dict[tuple[str, int], list[float]] = {}
     for (name, phase, d), (miss, total) in missed.items():
-        shares.setdefault((name, d), [0.0, 0.0])[phase] = miss / total if total else 0.0
+        cold = miss / total if total and (name, phase, d) not in warm else 0.0
+        shares.setdefault((name, d), [0.0, 0.0])[phase] = cold
     return CacheShares({k: (v[0], v[1]) for k, v in shares.items()}, capacity)
+
+
+def _op_task(builder, tg: TaskGraph, key) -> tuple[str, int] | None:
+    """(op name, 0 forward or 1 backward) of an op's own compute task, None for any other task."""
+    info = tg.task(key)
+    if info.kind not in ("forward", "backward") or len(key) != 4 or key[2] != 0:
+        return None
+    fwd = info.kind == "forward"
+    return builder.graph.ops[key[1] if fwd else len(builder.graph.ops) - key[1]].name, 0 if fwd else 1
+
+
+def after_own_op(builder, tg: TaskGraph, tl: Timeline) -> frozenset[tuple[str, int, int]]:
+    """(op name, 0 forward or 1 backward, device) of every op task that its device runs right after
+    another of its op tasks: the span before it on that device (in `tl`) is an op's compute, not
+    the runtime's exchange work (packing, posting a receive, unpacking) or an all-reduce's issue
+    (module docstring)."""
+    out = set()
+    for d in range(builder.num_devices):
+        before = None
+        for key, _, _ in tl.spans(d):
+            this = _op_task(builder, tg, key)
+            if this is not None and before is not None:
+                out.add((*this, d))
+            before = this
+    return frozenset(out)
 
 
 def access_misses(touches, period: float, capacity: float) -> dict[tuple, tuple[float, float]]:
@@ -223,20 +266,18 @@ def back_to_back(builder, strategy: Strategy, tg: TaskGraph, tl: Timeline) -> fr
     has the same task key (`planner.cost.profile_cache.task_key`), the same parameters and the
     same direction (module docstring)."""
     g = builder.graph
-    n = len(g.ops)
     out = set()
     for d in range(builder.num_devices):
         before = None
         for key, _, _ in tl.spans(d):
-            info = tg.task(key)
-            if info.kind not in ("forward", "backward") or len(key) != 4 or key[2] != 0:
+            task = _op_task(builder, tg, key)
+            if task is None:
                 continue
-            fwd = info.kind == "forward"
-            op = g.ops[key[1] if fwd else n - key[1]]
+            op = g[task[0]]
             shapes = task_shapes(op, strategy[op.name].degrees, builder._in_shapes[op.name])
-            this = (fwd, key_of_shapes(op, "", shapes), tuple(p.name for p in op.params))
+            this = (task[1], key_of_shapes(op, "", shapes), tuple(p.name for p in op.params))
             if this == before:
-                out.add((op.name, 0 if fwd else 1, d))
+                out.add((*task, d))
             before = this
     return frozenset(out)
 
