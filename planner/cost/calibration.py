@@ -284,7 +284,10 @@ class RuntimeCalibration:
         reduced on the same core (+2 ms of backward there, the forward pass unchanged;
         docs/simulation.md, "Thirty-sixth round")."""
         alone = self.allreduce_time(nbytes, group)
-        return min(alone, alone * self.allreduce_in_step), max(0.0, alone * (self.allreduce_in_step - 1.0))
+        # A model whose steps showed nothing added (a ratio of 0: noise on a tiny model) still gets
+        # an all-reduce that takes some time: the simulator's tasks all do (1 ns, as a free task).
+        seconds = max(min(alone, alone * self.allreduce_in_step), 1e-9)
+        return seconds, max(0.0, alone * (self.allreduce_in_step - 1.0))
 
     def issue_time(self, nbytes: float) -> float:
         """Seconds a rank's own thread spends starting the all-reduce of a bucket of `nbytes`

@@ -708,6 +708,8 @@ def test_a_bucket_all_reduce_lasts_its_calibrated_time_and_slows_the_backward_op
     cache.put_overheads(cal, g.fingerprint, 30e-6, 35e-6, 12, allreduce_in_step=2.5)
     cache.put_overheads(cal, other.fingerprint, 30e-6, 35e-6, 12)
     assert cal.bucket_time(1 << 20, 2) == (cal.allreduce_time(1 << 20, 2), 0.0)
+    # steps that showed the all-reduces add nothing (a ratio of 0) still simulate: 1 ns, nothing beside
+    assert replace(cal, allreduce_in_step=0.0).bucket_time(1 << 20, 2) == (1e-9, 0.0)
     assert replace(cal, allreduce_in_step=2.5).bucket_time(1 << 20, 2) == pytest.approx(
         (cal.allreduce_time(1 << 20, 2), 1.5 * cal.allreduce_time(1 << 20, 2)))
 
