@@ -533,16 +533,15 @@ def _row_diagnosis(measured_s: float, measured_parts: dict[str, float], sims: di
 def sync_steps(builder, strategy, simulated_with_s: float, measured: dict[str, Any]) -> dict[str, Any]:
     """`model_sync`'s data-parallel steps (``with_s`` and ``without_s``: the model's own, with its
     buckets' all-reduces and with them turned off, timed before the search) beside the simulated
-    step of the same plan, `simulated_with_s`, and without the all-reduces (each at a billionth
-    of its time, the simulator's tasks all take some, and nothing beside it:
-    `RuntimeCalibration.bucket_time` with that in-step ratio).  Which of the two a data-parallel
+    step of the same plan, `simulated_with_s`, and without the all-reduces (an in-step ratio of 0:
+    each lasts the simulator's 1 ns, with nothing beside it, `RuntimeCalibration.bucket_time`).  Which of the two a data-parallel
     row's error comes from, the step's compute or what its synchronization adds; reported, never
     applied."""
     from dataclasses import replace
 
     from autopar.planner.sim import TaskGraphBuilder
     off = TaskGraphBuilder(builder.graph, builder.topology, builder.cost, builder.optimizer,
-                           runtime=replace(builder.runtime, allreduce_in_step=1e-9),
+                           runtime=replace(builder.runtime, allreduce_in_step=0.0),
                            bucket_bytes=builder.bucket_bytes)
     without = simulate_parts(off, strategy)[0]
     return {"steps": measured["steps"], "measured_with_s": measured["with_s"],
