@@ -18,6 +18,8 @@ from typing import Iterable, Mapping
 import torch
 import torch.distributed as dist
 
+from autopar.planner.sim.trainer_model import COALESCE_BYTES
+
 from .launch import own_gloo_call, track_gloo_loops
 
 
@@ -61,9 +63,10 @@ def exchange(rank: int, sends: Mapping[int, torch.Tensor], recv_sizes: Mapping[i
     return {peer: t for (peer, _), t in got.items()}
 
 
-#: Pieces for one peer of one dtype travel as one message up to this many bytes in all
-#: (`exchange_many`); larger ones go one by one, where packing them would cost more than it saves.
-COALESCE_BYTES = 256 << 10
+# Pieces for one peer of one dtype travel as one message up to `COALESCE_BYTES` in all
+# (`exchange_many`); larger ones go one by one, where packing them would cost more than it saves.
+# The simulator, which posts one receive per such message (`planner.sim.trainer_model.riders`),
+# defines the limit.
 #: Tags of coalesced messages start here, above any input index a caller uses as a tag.
 _COALESCED_TAG = 1 << 24
 

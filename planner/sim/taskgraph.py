@@ -310,12 +310,26 @@ class TaskGraphBuilder:
 
     def _edge_plan(self, strategy: Strategy, i: int, op: Op, j: int) -> tuple:
         ccfg, pcfg = strategy[op.name], strategy[op.inputs[j].op]
-        key = (i, j, ccfg, pcfg)
+        if self.runtime is None:
+            key = (i, j, ccfg, pcfg)
+            plan = self._plans.get(key)
+            if plan is None:
+                plan = self._plans.put(key, edge_plan(self, i, op, j, ccfg, pcfg))
+            return plan
+        # The trainer's exchange sends an op's inputs for one peer together (`trainer_model.riders`).
+        rides = trainer_model.riders(self, i, op, j, strategy)
+        key = (i, j, ccfg, pcfg, rides)
         plan = self._plans.get(key)
         if plan is None:
-            build = edge_plan if self.runtime is None else trainer_model.edge_plan
-            plan = self._plans.put(key, build(self, i, op, j, ccfg, pcfg))
+            plan = self._plans.put(key, trainer_model.edge_plan(self, i, op, j, ccfg, pcfg, rides))
         return plan
+
+    @property
+    def _edges_share_messages(self) -> bool:
+        """Whether an edge's tasks depend on its consumer's other inputs (`trainer_model.riders`),
+        so that a change of one input's producer rebuilds them all."""
+        rt = self.runtime
+        return rt is not None and rt.post_s > 0 and rt.receives_ahead
 
     def _add_param_group(self, tg, strategy: Strategy, param: str) -> list:
         """Ring all-reduce per sync group, then an update per device holding the parameter
@@ -497,7 +511,9 @@ class DeltaSession:
             for j in range(len(op.inputs)):
                 edges[("edge", i, j)] = None
             for c, j, _ in g.consumers[name]:
-                edges[("edge", g.index[c], j)] = None
+                ci = g.index[c]
+                for jj in range(len(g.ops[ci].inputs)) if b._edges_share_messages else (j,):
+                    edges[("edge", ci, jj)] = None
             for p in op.params:
                 params[p.name] = None
             strategy = strategy.with_config(name, cfg)

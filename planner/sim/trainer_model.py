@@ -83,6 +83,10 @@ DELAY_BASE = _VIRTUAL_RESOURCE_BASE + (2 << 36)
 #: GPUs: the barriers of each device's kernel stream, on a virtual resource per device.
 _STREAM_BASE = _VIRTUAL_RESOURCE_BASE + (3 << 36)
 _FLOAT = ("float64", "float32", "float16", "bfloat16")
+#: The trainer's exchange sends the pieces a rank has for one peer, of one dtype, as one message
+#: where there are several and they come to at most this many bytes in all
+#: (`autopar.trainer.comm.exchange_many`, which takes this value from here).
+COALESCE_BYTES = 256 << 10
 
 
 def trainer_calibration(topology, cost, graph: OperatorGraph | None = None) -> RuntimeCalibration | None:
@@ -498,9 +502,49 @@ def _message(b, key: tuple, route: tuple, rt: RuntimeCalibration, nbytes: float,
     return tasks, edges, delay, last
 
 
-def edge_plan(b, i: int, op, j: int, ccfg, pcfg) -> tuple:
+def riders(b, i: int, op, j: int, configs) -> frozenset:
+    """The flows of input `j` of op `i` whose pieces travel in the message of an earlier input of
+    the op, as (phase, producer's device, consumer's device): phase 0 the forward message from the
+    first to the second, 1 its gradient back.  `configs` maps op names to configurations.
+
+    The trainer's exchange of an op sends what a rank has for one peer as one piece per input, and
+    the pieces for one peer of one dtype as one message where there are several and they come to
+    at most `COALESCE_BYTES` (`autopar.trainer.comm.exchange_many`); the receiver posts one receive
+    for that message (`_post`).  A split LSTM cell's two inputs, each half on the other rank, come
+    as one message: rnnlm's plans that split its cells post 51 receives a step, not the 81 their
+    pieces would (docs/simulation.md, "Thirty-eighth round").  Only the posting depends on it: the
+    latency of the other pieces of one message is the calibrated ``message_serial_s`` (`_message`).
+    Empty where receives are not posted ahead (NCCL) or the op has one input."""
+    rt: RuntimeCalibration = b.runtime
+    if len(op.inputs) < 2 or rt.post_s <= 0 or not rt.receives_ahead:
+        return frozenset()
+    ccfg = configs[op.name]
+    units: dict[tuple, list[tuple[int, int]]] = {}   # (phase, sd, dd, dtype) -> [(input, bytes)]
+    for jj, ref in enumerate(op.inputs):
+        pcfg = configs[ref.op]
+        out = b.graph[ref.op].outputs[ref.index]
+        flows: dict[tuple[int, int], set] = {}
+        for pt, ct, box in b.overlaps(op, jj, ccfg.degrees, pcfg.degrees):
+            sd, dd = pcfg.devices[pt], ccfg.devices[ct]
+            if sd != dd:
+                flows.setdefault((sd, dd), set()).add(box)
+        grads = b._requires_grad[b.graph.index[ref.op]] and out.dtype in _FLOAT
+        for (sd, dd), boxes in flows.items():
+            nbytes = sum(map(volume, boxes)) * out.itemsize
+            for phase in (0, 1) if grads else (0,):
+                units.setdefault((phase, sd, dd, out.dtype), []).append((jj, nbytes))
+    return frozenset((phase, sd, dd) for (phase, sd, dd, _), members in units.items()
+                     if len(members) > 1 and sum(nb for _, nb in members) <= COALESCE_BYTES
+                     and any(jj == j for jj, _ in members[1:]))
+
+
+def edge_plan(b, i: int, op, j: int, ccfg, pcfg, rides: frozenset = frozenset()) -> tuple:
     """Input `j` of op `i`: same-device edges, and a message per (producer task, consumer
-    device) at op i's exchange, with its gradient back at op i's backward exchange."""
+    device) at op i's exchange, with its gradient back at op i's backward exchange.
+
+    The receiver posts a receive for each (peer, input), as the trainer's exchange does: for the
+    first producer task on a device only, and for none where `rides` (`riders`) says the flow
+    travels in an earlier input's message."""
     rt: RuntimeCalibration = b.runtime
     ref = op.inputs[j]
     p = b.graph.index[ref.op]
@@ -520,6 +564,7 @@ def edge_plan(b, i: int, op, j: int, ccfg, pcfg) -> tuple:
             pieces.setdefault((pt, dd), {}).setdefault(box, []).append(ct)
     tasks: list = []
     flows = {(pdev[pt], dd) for pt, dd in pieces}
+    posted: set[tuple[int, int, int]] = {(phase, sd, dd) for phase, sd, dd in rides}
     for (pt, dd), boxes in pieces.items():
         nbytes = max(float(sum(map(volume, boxes)) * itemsize), _MIN_TRANSFER_BYTES)
         dst = sorted({ct for cts in boxes.values() for ct in cts})
@@ -537,7 +582,9 @@ def edge_plan(b, i: int, op, j: int, ccfg, pcfg) -> tuple:
         edges += [(k, inputs_in(i, dd)) for k in last]
         _stage(b, tasks, edges, key, first, last, nbytes, FORWARD_SEND, sd, ((0, p, 0, pt), arrive(i, sd)),
                inputs_in(i, sd), FORWARD_RECEIVE, dd, (inputs_in(i, dd),))
-        _post(b, tasks, edges, key, dd)
+        if (0, sd, dd) not in posted:
+            posted.add((0, sd, dd))
+            _post(b, tasks, edges, key, dd)
         if grads:
             key = (1, n - i, 1, j, pt, dd)
             mt, me, first, last = _message(b, key, b._route(dd, sd), rt, nbytes, (1, i) + pair, two_way)
@@ -549,7 +596,9 @@ def edge_plan(b, i: int, op, j: int, ccfg, pcfg) -> tuple:
             _stage(b, tasks, edges, key, first, last, nbytes, GRADIENT_SEND, dd,
                    tuple((1, n - i, 0, c) for c in dst) + (grads_out(n, i, dd),), grads_in(n, i, dd),
                    GRADIENT_RECEIVE, sd, (grads_in(n, i, sd), (1, n - p, 0, pt)))
-            _post(b, tasks, edges, key, sd)
+            if (1, sd, dd) not in posted:
+                posted.add((1, sd, dd))
+                _post(b, tasks, edges, key, sd)
     gpu = rt.launches_async
     # Whether the configurations keep apart an edge that may be fused (only asked where it costs).
     apart = (rt.bwd_call_s > 0 or (grads and rt.local_exchange_s[1] > 0)) and \

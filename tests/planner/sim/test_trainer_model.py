@@ -431,6 +431,64 @@ def test_every_receive_is_posted_on_its_receivers_core_before_the_step_begins():
     assert res.step_time > no_posts.step_time
 
 
+def _alternating_cells(g):
+    """rnn's cells on ranks 0, 1, 0 and every other op on rank 0: cell_1 receives its step's input
+    and both of cell's outputs from rank 0 and sends both gradients back; cell_2 receives both of
+    cell_1's outputs from rank 1."""
+    from autopar.planner.ir import ParallelConfig
+    place = {"cell_1": 1}
+    return Strategy.from_mapping(g, {op.name: ParallelConfig((1,) * len(op.pardims), (place.get(op.name, 0),))
+                                     for op in g.ops}, "alternating cells")
+
+
+def test_an_ops_inputs_from_one_peer_come_as_one_message_with_one_receive_posted(monkeypatch):
+    """The trainer's exchange sends the pieces a rank has for one peer, of one dtype, as one
+    message up to `COALESCE_BYTES` (`trainer.comm.exchange_many`), and the receiver posts one
+    receive for it: one ``post_s`` per (op, direction, sender, receiver), not one per input."""
+    from autopar.planner.sim import trainer_model
+
+    g = rnn(steps=3)
+    topo = get_preset("local:2")
+    cal = replace(default_calibration(topo.devices[0].product, "gloo", 2), post_s=1e-3)
+    strategy = _alternating_cells(g)
+
+    def posts():
+        b = TaskGraphBuilder(g, topo, CostModel().bind(g), "sgd", runtime=cal)
+        res, _, tg = simulate_strategy(b, strategy)
+        return res.step_time, sorted((k[0], k[1], tg.task(k).resource) for k in tg
+                                     if tg.task(k).label == "post receive")
+
+    n = len(g.ops)
+    step, got = posts()
+    i1, i2 = g.index["cell_1"], g.index["cell_2"]
+    # cell_1: one forward message from rank 0 (three inputs), one gradient message back (two:
+    # the step's input needs none); cell_2: one forward message (two inputs) and one back; out: one each.
+    io = g.index["out"]
+    assert got == sorted([(0, i1, 1), (1, n - i1, 0), (0, i2, 0), (1, n - i2, 1)])
+    assert (0, io, 0) not in got                                       # out stays on rank 0 with cell_2
+    monkeypatch.setattr(trainer_model, "COALESCE_BYTES", 0)           # every piece a message of its own
+    apart_step, apart = posts()
+    assert len(apart) == 3 + 2 + 2 + 2 and apart_step > step
+
+
+def test_a_producer_moved_in_a_delta_session_reposts_its_consumers_other_inputs():
+    """Whether an input's piece rides in another input's message depends on every producer of
+    the op (`trainer_model.riders`): moving one producer rebuilds the consumer's other edges, and
+    the session's timeline stays the one a full build gives."""
+    from autopar.planner.ir import ParallelConfig
+    from autopar.planner.sim import DeltaSession
+
+    g = rnn(steps=3)
+    topo = get_preset("local:2")
+    cal = replace(default_calibration(topo.devices[0].product, "gloo", 2), post_s=1e-3)
+    b = TaskGraphBuilder(g, topo, CostModel().bind(g), "sgd", runtime=cal)
+    session = DeltaSession(b, _alternating_cells(g))
+    for name, dev in (("getitem_3", 1), ("cell", 1), ("getitem_3", 0), ("cell", 0)):
+        session.change(name, ParallelConfig(session.strategy[name].degrees, (dev,)))
+        full = simulate(b.build(session.strategy))
+        assert session.timeline().same_as(full), f"after moving {name} to rank {dev}"
+
+
 def test_gloo_ranks_hold_the_buffers_of_the_gradients_they_will_receive_at_the_forward_peak():
     """Receives are posted as the step begins (`trainer.comm.RecvAhead`): a piece sent forward
     whose gradient comes back costs its sender that many bytes at the peak too; on NCCL ranks
