@@ -320,6 +320,15 @@ class AnalyticModel:
             sat = units / (units + half)
         return flops / (peak * sat)
 
+    def copy_time(self, nbytes: float, device: Device) -> float:
+        """Seconds to copy `nbytes` within `device`'s memory: one kernel, a memory-bound pass that
+        reads and writes them (`_memory`)."""
+        if nbytes <= 0:
+            return 0.0
+        cpu = _is_cpu(device)
+        bandwidth = device.mem_bandwidth * (self.mem_eff_cpu if cpu else self.mem_eff_gpu)
+        return (self.launch_cpu if cpu else self.launch_gpu) + self._memory(2.0 * nbytes, bandwidth, cpu)
+
     def update_time(self, param_bytes: float, device: Device, optimizer: str | None = None) -> float:
         if param_bytes <= 0:
             return 0.0
@@ -451,6 +460,10 @@ class CostModel:
             self._has_cold = bool(self.cold is not None and len(self.cold)) or (
                 self.cache is not None and any(COLD_SUFFIX in k.split("|", 1)[0] for k in self.cache))
         return self._has_cold
+
+    def copy_time(self, nbytes: float, device: Device) -> float:
+        """Seconds to copy `nbytes` within `device`'s memory, by the analytic model."""
+        return self.analytic.copy_time(nbytes, device)
 
     def update_time(self, param_bytes: float, device: Device, optimizer: str | None = None) -> float:
         """Seconds of one optimizer step on a parameter shard of `param_bytes` bytes (memory-bound)."""

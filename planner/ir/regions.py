@@ -73,6 +73,17 @@ def translate(box: Box, origin: Box) -> tuple[slice, ...]:
     return tuple(slice(lo - olo, hi - olo) for (lo, hi), (olo, _) in zip(box, origin))
 
 
+def contiguous_in(box: Box, origin: Box) -> bool:
+    """Whether `box`, cut out of a row-major tensor that holds the region `origin`, is one run of
+    that tensor's memory: every axis before the last one it cuts short spans one index."""
+    cut = False
+    for (lo, hi), o in zip(reversed(box), reversed(origin)):
+        if cut and hi - lo > 1:
+            return False
+        cut = cut or (lo, hi) != tuple(o)
+    return True
+
+
 def cells(boxes_by_dev: Mapping[int, Sequence[Box]]) -> list[tuple[Box, tuple[int, ...]]]:
     """Split the union of all boxes into elementary cells, each with the devices that hold it.
 

@@ -84,7 +84,7 @@ from ..ir.graph import DTYPE_BYTES
 from ..ir.strategy import Strategy
 from .simulator import TaskGraph, Timeline
 from .taskgraph import OPTIMIZER_STATES
-from .trainer_model import _FLOAT, optimizer_step, requires_grad
+from .trainer_model import _FLOAT, is_strided_copy, optimizer_step, requires_grad
 
 __all__ = ["CacheShares", "InCacheCost", "access_misses", "after_own_op", "applies", "back_to_back", "cache_shares",
            "in_cache_builder"]
@@ -214,11 +214,14 @@ def after_own_op(builder, tg: TaskGraph, tl: Timeline) -> frozenset[tuple[str, i
     """(op name, 0 forward or 1 backward, device) of every op task that its device runs right after
     another of its op tasks: the span before it on that device (in `tl`) is an op's compute, not
     the runtime's exchange work (packing, posting a receive, unpacking) or an all-reduce's issue
-    (module docstring)."""
+    (module docstring).  A strided input's copy between them (`trainer_model.strided_copy`), one
+    small torch op on data the rank just wrote, does not count as exchange work."""
     out = set()
     for d in range(builder.num_devices):
         before = None
         for key, _, _ in tl.spans(d):
+            if is_strided_copy(key):
+                continue
             this = _op_task(builder, tg, key)
             if this is not None and before is not None:
                 out.add((*this, d))

@@ -71,7 +71,7 @@ from dataclasses import replace
 from ..cost.calibration import (FORWARD_RECEIVE, FORWARD_SEND, GRADIENT_RECEIVE, GRADIENT_SEND, RuntimeCalibration,
                                 default_calibration)
 from ..ir.graph import OperatorGraph
-from ..ir.regions import union_volume, volume
+from ..ir.regions import contiguous_in, union_volume, volume
 from ._layout import MAX_PARTS
 from ._plans import _MIN_TRANSFER_BYTES, _VIRTUAL_RESOURCE_BASE, MIN_TASK_SECONDS, _prod
 from .buckets import plan_buckets
@@ -213,6 +213,16 @@ def bucket_issue(k: int, d: int) -> tuple:
 def bucket_beside(k: int, d: int) -> tuple:
     """What bucket k's all-reduce costs the backward ops rank d runs beside it (`_issue`)."""
     return (2, k, -2, d)
+
+
+def strided_copy(i: int, j: int, pt: int, d: int, ct: int) -> tuple:
+    """Rank d's copy of the strided cut of producer task `pt`'s output that input `j` of op `i`'s
+    task `ct` reads whole (`_strided`)."""
+    return (0, i, 1, j, pt, d, ct, -7)
+
+
+def is_strided_copy(key: tuple) -> bool:
+    return len(key) == 8 and key[-1] == -7
 
 
 def zero_grad(d: int) -> tuple:
@@ -555,14 +565,21 @@ def edge_plan(b, i: int, op, j: int, ccfg, pcfg, rides: frozenset = frozenset())
     pdev, cdev = pcfg.devices, ccfg.devices
     pieces: dict[tuple[int, int], dict] = {}
     edges = []
+    readers: dict[int, int] = {}     # producer task -> its local readers and the devices it sends to
+    local: dict[tuple[int, int], dict] = {}
     for pt, ct, box in b.overlaps(op, j, ccfg.degrees, pcfg.degrees):
         dd = cdev[ct]
         if pdev[pt] == dd:
             edges.append(((0, p, 0, pt), (0, i, 0, ct)))
             edges.append(((1, n - i, 0, ct), (1, n - p, 0, pt)))
+            readers[pt] = readers.get(pt, 0) + 1
+            local.setdefault((pt, ct), {})[box] = None
         else:
+            if (pt, dd) not in pieces:
+                readers[pt] = readers.get(pt, 0) + 1
             pieces.setdefault((pt, dd), {}).setdefault(box, []).append(ct)
     tasks: list = []
+    _strided(b, i, op, j, ccfg, pcfg, local, tasks, edges)
     flows = {(pdev[pt], dd) for pt, dd in pieces}
     posted: set[tuple[int, int, int]] = {(phase, sd, dd) for phase, sd, dd in rides}
     for (pt, dd), boxes in pieces.items():
@@ -580,8 +597,10 @@ def edge_plan(b, i: int, op, j: int, ccfg, pcfg, rides: frozenset = frozenset())
         edges += me
         edges += [((0, p, 0, pt), first), (arrive(i, sd), first)] + ([(arrive(i, dd), first)] if meet else [])
         edges += [(k, inputs_in(i, dd)) for k in last]
-        _stage(b, tasks, edges, key, first, last, nbytes, FORWARD_SEND, sd, ((0, p, 0, pt), arrive(i, sd)),
-               inputs_in(i, sd), FORWARD_RECEIVE, dd, (inputs_in(i, dd),))
+        copies = _copies(b, op, j, ccfg, pcfg, pt, boxes, readers[pt] > 1)
+        _stage(b, tasks, edges, key, first, last, nbytes, (nbytes * copies[0], nbytes * copies[1]),
+               FORWARD_SEND, sd, ((0, p, 0, pt), arrive(i, sd)), inputs_in(i, sd), FORWARD_RECEIVE, dd,
+               (inputs_in(i, dd),))
         if (0, sd, dd) not in posted:
             posted.add((0, sd, dd))
             _post(b, tasks, edges, key, dd)
@@ -593,7 +612,8 @@ def edge_plan(b, i: int, op, j: int, ccfg, pcfg, rides: frozenset = frozenset())
             edges += [((1, n - i, 0, c), first) for c in dst]
             edges += [(grads_out(n, i, dd), first)] + ([(grads_out(n, i, sd), first)] if meet else [])
             edges += [(k, grads_in(n, i, sd)) for k in last] + [(k, (1, n - p, 0, pt)) for k in last]
-            _stage(b, tasks, edges, key, first, last, nbytes, GRADIENT_SEND, dd,
+            _stage(b, tasks, edges, key, first, last, nbytes, (nbytes * copies[2], nbytes * copies[3]),
+                   GRADIENT_SEND, dd,
                    tuple((1, n - i, 0, c) for c in dst) + (grads_out(n, i, dd),), grads_in(n, i, dd),
                    GRADIENT_RECEIVE, sd, (grads_in(n, i, sd), (1, n - p, 0, pt)))
             if (1, sd, dd) not in posted:
@@ -644,15 +664,70 @@ def _post(b, tasks: list, edges: list, key: tuple, dst: int) -> None:
         edges.append((k, arrive(0, dst)))
 
 
+def _strided(b, i: int, op, j: int, ccfg, pcfg, local: dict, tasks: list, edges: list) -> None:
+    """A consumer task whose whole input box is one local cut of a producer task's output that is
+    not one run of its memory gets a copy of it (`autopar.trainer.redistribute.forward_inputs`,
+    as its op was profiled on contiguous inputs): a task on its device at op `i`'s exchange, at
+    the cost model's copy time (`local`: (producer task, consumer task) -> the boxes it reads).
+    It runs beside the exchange's own call (`_local_calls`), as the model's own data-parallel
+    steps timed that call with such copies in it: the exchange lasts the longer of the two."""
+    ref = op.inputs[j]
+    producer = b.graph[ref.op]
+    shape = producer.outputs[ref.index].shape
+    pranges, cranges = b._task_ranges(producer, pcfg.degrees), b._task_ranges(op, ccfg.degrees)
+    itemsize = producer.outputs[ref.index].itemsize
+    for (pt, ct), boxes in local.items():
+        if len(boxes) != 1:
+            continue
+        box = next(iter(boxes))
+        pbox = producer.output_box(ref.index, pranges[pt])
+        if box == pbox or contiguous_in(box, pbox) or op.input_box(j, cranges[ct], shape) != box:
+            continue
+        d = ccfg.devices[ct]
+        k = strided_copy(i, j, pt, d, ct)
+        seconds = b.cost.copy_time(volume(box) * itemsize, b.topology.devices[d])
+        tasks.append((k, d, max(seconds, MIN_TASK_SECONDS), "overhead", 0.0, "copy a strided input"))
+        edges += [((0, b.graph.index[ref.op], 0, pt), k), (arrive(i, d), k), (k, inputs_in(i, d))]
+
+
+def _copies(b, op, j: int, ccfg, pcfg, pt: int, boxes: dict, shared: bool) -> tuple[bool, bool, bool, bool]:
+    """Whether the trainer copies the bytes of the message of input `j` of `op` from producer task
+    `pt` (its `boxes`: each piece and the consumer tasks that read it) as it stages it, in each
+    of `STAGING_PARTS` (`autopar.trainer.redistribute`): the sender packs one piece that is one
+    run of its output's memory as it is; a consumer task whose input box is the one piece takes
+    it as it arrives, else it assembles its box in a buffer of its own; the gradient of one piece
+    that one consumer task's whole input gradient, or one run of it, holds goes back as it is;
+    and one that is the producer task's whole output gradient is kept as it arrives, unless
+    other gradients of that output come to the task too (`shared`: the edge's other readers of
+    it), when it is added into a buffer.
+
+    The calibrated staging (`trainer.calibrate.in_situ_job`) assembles every box and adds every
+    gradient: in a user's tagger's steps a received MiB that a consumer took whole staged in
+    54-67 us, against 875 us calibrated, and such steps were priced 7 ms a rank too slow
+    (docs/simulation.md, "Thirty-eighth round")."""
+    ref = op.inputs[j]
+    producer = b.graph[ref.op]
+    shape = producer.outputs[ref.index].shape
+    pbox = producer.output_box(ref.index, b._task_ranges(producer, pcfg.degrees)[pt])
+    cranges = b._task_ranges(op, ccfg.degrees)
+    if len(boxes) != 1:
+        return True, True, True, True
+    (box, readers), = boxes.items()
+    cboxes = [op.input_box(j, cranges[ct], shape) for ct in readers]
+    return (not contiguous_in(box, pbox), any(c != box for c in cboxes),
+            len(cboxes) != 1 or not contiguous_in(box, cboxes[0]), shared or box != pbox)
+
+
 def _stage(b, tasks: list, edges: list, key: tuple, first: tuple, last: tuple, nbytes: float,
-           send_part: int, src: int, src_after: tuple, src_next: tuple, recv_part: int, dst: int,
-           dst_next: tuple) -> None:
+           copied: tuple[float, float], send_part: int, src: int, src_after: tuple, src_next: tuple,
+           recv_part: int, dst: int, dst_next: tuple) -> None:
     """The sender's and the receiver's staging of one message on their own cores (the calibrated
     ``staging`` curves, `RuntimeCalibration.staging_time`): the sender cuts and packs it before
     the message leaves, once it has what it sends and has reached the exchange (`src_after`), and
     its program goes on only after (`src_next`); the receiver places it (or adds a gradient into
-    its accumulator) after it arrives and before what needs it (`dst_next`).  Nothing is added
-    where the calibration has no staging cost.
+    its accumulator) after it arrives and before what needs it (`dst_next`).  `copied`: the bytes
+    each of them copies (`_copies`); one that copies none pays the curve's smallest call.
+    Nothing is added where the calibration has no staging cost.
 
     Then the sender's own call that sends it (``send_call``, measured on a one-way chain as the
     sender's call): the message leaves during that call, so its latency already holds it, but the
@@ -664,7 +739,7 @@ def _stage(b, tasks: list, edges: list, key: tuple, first: tuple, last: tuple, n
     50-150 us each, 2.4-2.9 ms a step per rank, were missing from their transfer part on the AMD
     VM: docs/simulation.md, "Twenty-seventh round".)"""
     rt: RuntimeCalibration = b.runtime
-    pack, place = rt.staging_time(send_part, nbytes), rt.staging_time(recv_part, nbytes)
+    pack, place = rt.staging_time(send_part, copied[0]), rt.staging_time(recv_part, copied[1])
     if pack > 0:
         k = key + (-3,)
         tasks.append((k, src, max(pack, MIN_TASK_SECONDS), "overhead", 0.0, "pack"))

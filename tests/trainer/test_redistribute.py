@@ -122,3 +122,23 @@ def test_accumulator_never_changes_a_borrowed_tensor():
     acc.add(translate(((0, 1), (0, 3)), ((0, 2), (0, 3))), torch.ones(1, 3, dtype=torch.float64))
     assert torch.equal(borrowed, torch.ones(2, 3, dtype=torch.float64))
     assert acc.get()[0].tolist() == [2.0, 2.0, 2.0] and acc.get()[1].tolist() == [1.0, 1.0, 1.0]
+
+
+def test_a_task_that_reads_a_strided_cut_of_a_local_output_whole_gets_a_contiguous_copy():
+    """An op runs on one run of memory, as it was profiled: a consumer task whose whole input box
+    is a cut of a local producer's output that is not one gets a copy; a cut that is one run (a
+    block of samples) is passed as it is."""
+    g = _graph(1, 1, 0)
+    full = torch.randn(N, C, L, dtype=torch.float64)
+    for ydeg, strided in (((1, 1, 2), True), ((2, 1, 1), False)):
+        strategy = Strategy.from_mapping(g, {"x": ParallelConfig((1, 1, 1), (0,)), "y": ParallelConfig(ydeg, (0, 0))})
+        plan = ExecutionPlan(g, strategy, 1)
+        view = RouteView(plan, plan.routes["y"][0], 0)
+        outs = _outputs(plan, full)
+        got = forward_inputs(view, outs, {}, torch.float64)
+        for t in plan.local_tasks("y", 0):
+            box = g["y"].input_box(0, t.range_map, full.shape)
+            assert torch.equal(got[t.index], full[tuple(slice(a, b) for a, b in box)])
+            assert got[t.index].is_contiguous()
+            shares = got[t.index].untyped_storage().data_ptr() == outs[("x", 0)][0].untyped_storage().data_ptr()
+            assert shares != strided, f"y split {ydeg}: the input should {'not ' if strided else ''}be a view"
