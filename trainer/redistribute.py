@@ -5,7 +5,8 @@ the producer's tasks each hold one box of that tensor.  The pieces that move are
 intersections (FlexFlow sec. 5.1), planned once in `trainer.plan.InputRoute`: one message per
 (source device, destination device) carries that pair's pieces back to back, so a piece several
 consumer tasks on one device read travels once.  Pieces between tasks on the same device are
-read in place, and a consumer box that is exactly one local producer box is that tensor itself.
+read in place, and a consumer box that is exactly one local producer box is that tensor itself;
+one that is a strided cut of one gets a contiguous copy, as its op was profiled.
 
 Backward, the gradient of every piece goes back along the reverse path: the destination device
 adds up what its consumer tasks computed for the piece (halos overlap), sends one message per
