@@ -18,7 +18,7 @@ from typing import Iterable, Mapping
 import torch
 import torch.distributed as dist
 
-from autopar.planner.sim.trainer_model import COALESCE_BYTES
+from autopar.planner.sim import COALESCE_BYTES
 
 from .launch import own_gloo_call, track_gloo_loops
 
