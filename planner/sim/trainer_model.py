@@ -705,14 +705,14 @@ def _copies(b, op, j: int, ccfg, pcfg, pt: int, boxes: dict, shared: bool) -> tu
     gradient: in a user's tagger's steps a received MiB that a consumer took whole staged in
     54-67 us, against 875 us calibrated, and such steps were priced 7 ms a rank too slow
     (docs/simulation.md, "Thirty-eighth round")."""
+    if len(boxes) != 1:
+        return True, True, True, True
+    (box, readers), = boxes.items()
     ref = op.inputs[j]
     producer = b.graph[ref.op]
     shape = producer.outputs[ref.index].shape
     pbox = producer.output_box(ref.index, b._task_ranges(producer, pcfg.degrees)[pt])
     cranges = b._task_ranges(op, ccfg.degrees)
-    if len(boxes) != 1:
-        return True, True, True, True
-    (box, readers), = boxes.items()
     cboxes = [op.input_box(j, cranges[ct], shape) for ct in readers]
     return (not contiguous_in(box, pbox), any(c != box for c in cboxes),
             len(cboxes) != 1 or not contiguous_in(box, cboxes[0]), shared or box != pbox)
