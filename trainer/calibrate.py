@@ -179,7 +179,10 @@ is: run it when nothing else competes for the cores.  `calibrate(world)` measure
    23 and 196 us to send a gradient, 62 and 392 us to add one.  Stage 4 timed the same functions
    on messages of a few hundred bytes, between ranks taking turns, at 15-20 us per call; the
    simulator charges that to a message's latency and the staging to the ranks' cores, so a
-   small message may count up to ``exchange_s`` twice.
+   small message may count up to ``exchange_s`` twice.  The same steps time the posting of
+   receives ahead (``post_s``, `receive_posting`) and the wait for the step's send requests as
+   it ends (``send_wait_s``, `send_waits`: a gloo request completes only inside its ``wait()``,
+   14-16 us each on a 2-vCPU AMD VM; calibration method 14).
 
 ``comm_uses_cores`` is ``usable_cores() < 2 * world`` (`planner.cost.usable_cores`: the cores of
 the process's affinity mask, at most its control groups' CPU quota): with fewer than two cores
@@ -1159,9 +1162,11 @@ def calibrate(world: int, *, quick: bool = False, progress: Callable[[str], None
         in_situ = run_local(_in_situ_rank, world, (cfg,))
         staging, staged = staging_curves(in_situ)
         post_s, posted = receive_posting(in_situ)
-        cal = replace(cal, staging=staging, post_s=post_s)
+        send_wait_s, waited = send_waits(in_situ)
+        cal = replace(cal, staging=staging, post_s=post_s, send_wait_s=send_wait_s)
         details["staging"] = staged
         details["posting"] = posted
+        details["send_waits"] = waited
         say(f"one-way messages inside training steps (the chain's ops on ranks 0 and 1 in turn, "
             f"{len(IN_SITU_BATCHES)} message sizes)")
         one_way = run_local(_in_situ_rank, world, (cfg, True))
@@ -1303,16 +1308,18 @@ def _in_situ_rank(rank: int, world: int, cfg: "Settings", one_way: bool = False)
     per timed step: its seconds (``times``); every `exchange_many` call, when it was entered and
     when it returned (``time.perf_counter``, one system-wide clock on one machine) and how many
     bytes it received (``calls``); (seconds, bytes, calls) of each `STAGING_PARTS` part, calls
-    that staged no byte not counted (``staging``); and (seconds, receives) the runtime spent
-    posting receives ahead (`trainer.comm.RecvAhead`, ``posting``)."""
+    that staged no byte not counted (``staging``); (seconds, receives) the runtime spent
+    posting receives ahead (`trainer.comm.RecvAhead`, ``posting``); and (seconds, sends) it spent
+    waiting for the step's send requests as the step ends (`trainer.comm.wait_all`, ``send_waits``)."""
     from . import runtime as rt_mod
     from .comm import ProcessGroups, RecvAhead
     from .session import Trainer
-    names = ["exchange_many"] + [name for name, _, _ in _STAGING_FUNCTIONS]
+    names = ["exchange_many", "wait_all"] + [name for name, _, _ in _STAGING_FUNCTIONS]
     inner = {name: getattr(rt_mod, name) for name in names}
     calls: list[tuple[float, float, int]] = []
     acc = [[0.0, 0, 0] for _ in STAGING_PARTS]
     posting = [0.0, 0]
+    waiting = [0.0, 0]
     post = RecvAhead._post
 
     def timed_post(ahead, through=-1):
@@ -1321,6 +1328,13 @@ def _in_situ_rank(rank: int, world: int, cfg: "Settings", one_way: bool = False)
         post(ahead, through)
         posting[0] += time.perf_counter() - t0
         posting[1] += sum(map(len, ahead._posted.values())) - before
+
+    def timed_wait_all(pending):
+        sends = len(pending)
+        t0 = time.perf_counter()
+        inner["wait_all"](pending)
+        waiting[0] += time.perf_counter() - t0
+        waiting[1] += sends
 
     def exchange(sends, recvs, device, pending, ahead=None):
         t0 = time.perf_counter()
@@ -1347,11 +1361,13 @@ def _in_situ_rank(rank: int, world: int, cfg: "Settings", one_way: bool = False)
     with contextlib.ExitStack() as patches:
         patches.enter_context(_patched(rt_mod, "exchange_many", exchange))
         patches.enter_context(_patched(RecvAhead, "_post", timed_post))
+        patches.enter_context(_patched(rt_mod, "wait_all", timed_wait_all))
         for name, part, count in _STAGING_FUNCTIONS:
             patches.enter_context(_patched(rt_mod, name, staged(name, part, count)))
         trainers = {batch: Trainer(in_situ_job(world, batch, one_way), rank, world, ProcessGroups())
                     for batch in IN_SITU_BATCHES}
-        out = {batch: {"times": [], "calls": [], "staging": [], "posting": []} for batch in IN_SITU_BATCHES}
+        out = {batch: {"times": [], "calls": [], "staging": [], "posting": [], "send_waits": []}
+               for batch in IN_SITU_BATCHES}
         # The batches' steps in turn (`_interleaved`, stage 6 of the module docstring).
         for s, batch in _interleaved(IN_SITU_BATCHES, cfg.warmup_steps + cfg.in_situ_steps):
             tr, rows = trainers[batch], out[batch]
@@ -1360,6 +1376,7 @@ def _in_situ_rank(rank: int, world: int, cfg: "Settings", one_way: bool = False)
             for a in acc:
                 a[:] = [0.0, 0, 0]
             posting[:] = [0.0, 0]
+            waiting[:] = [0.0, 0]
             t0 = time.perf_counter()
             tr.train_step(s)
             if s >= cfg.warmup_steps:
@@ -1367,6 +1384,7 @@ def _in_situ_rank(rank: int, world: int, cfg: "Settings", one_way: bool = False)
                 rows["calls"].append(list(calls))
                 rows["staging"].append([tuple(a) for a in acc])
                 rows["posting"].append(tuple(posting))
+                rows["send_waits"].append(tuple(waiting))
     return out
 
 
@@ -1383,6 +1401,25 @@ def receive_posting(per_rank: list[dict[int, dict[str, list]]]) -> tuple[float, 
     if not receives:
         raise ValueError("the in-situ workload posted no receive ahead")
     return seconds / receives, {"receives": receives, "seconds": seconds, "per_receive_s": seconds / receives}
+
+
+def send_waits(per_rank: list[dict[int, dict[str, list]]]) -> tuple[float, dict]:
+    """Seconds per send request the runtime spends waiting for a step's sends as the step ends
+    (`trainer.comm.wait_all`: the requests stay pending until then, so that their buffers live),
+    over every timed step of the in-situ workload on every rank: the mean, as for posting.  A
+    gloo request completes only inside its ``wait()``, so each costs a call however long ago its
+    bytes left: 14-16 us per send in rnnlm's and a user's tagger's steps (0.8-0.9 ms a step for
+    the 54-56 sends of a random rnnlm plan; AMD EPYC VM, 2026-11-30), which the simulator did not
+    charge (docs/simulation.md, "Thirty-ninth round")."""
+    seconds = sends = 0
+    for rows in per_rank:
+        for row in rows.values():
+            for t, n in row.get("send_waits", ()):
+                seconds += t
+                sends += n
+    if not sends:
+        raise ValueError("the in-situ workload left no send request to wait for at a step's end")
+    return seconds / sends, {"sends": sends, "seconds": seconds, "per_send_s": seconds / sends}
 
 
 def staging_curves(per_rank: list[dict[int, dict[str, list]]]) -> tuple[tuple[Curve, ...], dict]:
@@ -1644,7 +1681,7 @@ def summary(cal: RuntimeCalibration) -> dict[str, Any]:
     """The numbers `autopar profile` prints: p2p at 4 B and 1 MiB (and one way at 1 MiB, with its
     sender's own call at 64 KiB where measured), all-reduce at 1 MiB among all ranks, the
     overheads (microseconds; ``bwd_call_us``: an unfused op's own backward call; posting a
-    receive; issuing a 4 MiB all-reduce), the optimizer coefficients and the staging of a 1 MiB
+    receive; waiting for a send as the step ends; issuing a 4 MiB all-reduce), the optimizer coefficients and the staging of a 1 MiB
     message, and the arrival noise (the standard deviation ``jitter`` gives a program over
     1 ms, and those of the noise curves at 64 KiB; None where not measured)."""
     us = 1e6
@@ -1655,6 +1692,7 @@ def summary(cal: RuntimeCalibration) -> dict[str, Any]:
             "allreduce_1MiB_us": cal.allreduce_time(1 << 20, cal.world) * us,
             "fwd_task_us": cal.fwd_task_s * us, "bwd_task_us": cal.bwd_task_s * us, "bwd_call_us": cal.bwd_call_s * us,
             "exchange_us": cal.exchange_s * us, "post_us": cal.post_s * us,
+            "send_wait_us": cal.send_wait_s * us,
             "allreduce_issue_4MiB_us": cal.issue_time(4 << 20) * us,
             "optimizer": {name: {"tensor_us": t * us, "MiB_us": b * (1 << 20) * us}
                           for name, t, b in cal.optimizer},
@@ -1687,6 +1725,7 @@ def summary_line(cal: RuntimeCalibration) -> str:
     return (f"{comm}; overheads fwd "
             f"{s['fwd_task_us']:.0f} us, bwd {s['bwd_task_us']:.0f} us per task (+{s['bwd_call_us']:.0f} us per own "
             f"backward call), {exchange}, {s['post_us']:.0f} us per receive posted, "
+            f"{s['send_wait_us']:.0f} us per send waited for, "
             f"{s['allreduce_issue_4MiB_us']:.0f} us to issue a 4 MiB all-reduce; "
             f"optimizer {opt}"
             + ("; staging of 1 MiB " + ", ".join(f"{name.replace('_', ' ')} {v:.0f} us"

@@ -187,8 +187,9 @@ class Curve:
 #: (`autopar.trainer.calibrate._interleaved`).  11: one-way messages at the median latency per
 #: size, not the mean (`autopar.trainer.calibrate.in_step_curve`).  12: the sender's own call of a
 #: one-way message (``send_call``, `autopar.trainer.calibrate.send_calls`).  13: the size of the
-#: last-level cache the ranks share (``shared_cache_bytes``, `planner.sim.reuse`).
-CALIBRATION_METHOD = 13
+#: last-level cache the ranks share (``shared_cache_bytes``, `planner.sim.reuse`).  14: the wait
+#: for a step's send requests at its end (``send_wait_s``, `autopar.trainer.calibrate.send_waits`).
+CALIBRATION_METHOD = 14
 
 
 @dataclass(frozen=True)
@@ -211,6 +212,7 @@ class RuntimeCalibration:
     wire: Curve | None = None                      # the bytes' time on the link; None: p2p less p2p(0)
     bwd_call_s: float = 0.0                        # an unfused op's own autograd call, per task
     post_s: float = 0.0                            # posting one receive ahead (gloo), per message
+    send_wait_s: float = 0.0                       # waiting for one send request as the step ends, per message
     issue: Curve | None = None                     # issuing a bucket's all-reduce, by its bytes
     p2p_oneway: Curve | None = None                # a message whose exchange sends nothing back
     send_call: Curve | None = None                 # the sender's own call for such a message, by its bytes
@@ -329,7 +331,8 @@ class RuntimeCalibration:
                 "comm_uses_cores": self.comm_uses_cores, "message_serial_s": self.message_serial_s,
                 "staging": {name: c.to_json() for name, c in zip(STAGING_PARTS, self.staging)},
                 **({"wire": self.wire.to_json()} if self.wire is not None else {}),
-                "bwd_call_s": self.bwd_call_s, "post_s": self.post_s, "method": self.method,
+                "bwd_call_s": self.bwd_call_s, "post_s": self.post_s, "send_wait_s": self.send_wait_s,
+                "method": self.method,
                 **({"issue": self.issue.to_json()} if self.issue is not None else {}),
                 **({"p2p_oneway": self.p2p_oneway.to_json()} if self.p2p_oneway is not None else {}),
                 **({"send_call": self.send_call.to_json()} if self.send_call is not None else {}),
@@ -354,6 +357,7 @@ class RuntimeCalibration:
                        staging=_staging_from_json(doc.get("staging")),
                        wire=Curve.from_json(doc["wire"]) if doc.get("wire") else None,
                        bwd_call_s=float(doc.get("bwd_call_s", 0.0)), post_s=float(doc.get("post_s", 0.0)),
+                       send_wait_s=float(doc.get("send_wait_s", 0.0)),
                        method=int(doc.get("method", 1)),
                        issue=Curve.from_json(doc["issue"]) if doc.get("issue") else None,
                        p2p_oneway=Curve.from_json(doc["p2p_oneway"]) if doc.get("p2p_oneway") else None,
@@ -457,6 +461,8 @@ def default_calibration(product: str, backend: str, world: int, cores: int | Non
                               optimizer=(("adam", 20e-6, 0.9e-9), ("sgd", 15e-6, 0.55e-9)),
                               comm_uses_cores=backend == "gloo" and cores < 2 * world, source="default",
                               message_serial_s=35e-6, bwd_call_s=35e-6, post_s=40e-6 if backend == "gloo" else 0.0,
+                              # the AMD EPYC VM, 2026-11-30: 14-16 us per send in rnnlm's and a tagger's steps
+                              send_wait_s=15e-6 if backend == "gloo" else 0.0,
                               issue=Curve.fit([(64 << 10, 150e-6), (4 << 20, 500e-6)]).flat_after_last(),
                               p2p_oneway=Curve.fit([(2 << 10, 120e-6), (32 << 10, 140e-6), (128 << 10, 220e-6),
                                                     (512 << 10, 345e-6), (2 << 20, 945e-6), (16 << 20, 5.9e-3)]),

@@ -326,10 +326,11 @@ class TaskGraphBuilder:
 
     @property
     def _edges_share_messages(self) -> bool:
-        """Whether an edge's tasks depend on its consumer's other inputs (`trainer_model.riders`),
-        so that a change of one input's producer rebuilds them all."""
+        """Whether an edge's tasks depend on its consumer's other inputs (`trainer_model.riders`:
+        who posts a receive and waits for a send), so that a change of one input's producer
+        rebuilds them all."""
         rt = self.runtime
-        return rt is not None and rt.post_s > 0 and rt.receives_ahead
+        return rt is not None and ((rt.post_s > 0 and rt.receives_ahead) or rt.send_wait_s > 0)
 
     def _add_param_group(self, tg, strategy: Strategy, param: str) -> list:
         """Ring all-reduce per sync group, then an update per device holding the parameter

@@ -31,7 +31,7 @@ What the trainer does, and how it is modelled:
   program waiting for its part, and the sender's own call that sends it (``send_call``) before
   its program goes on.  Every receive is posted as the step begins (`_post`: gloo
   ranks post a step's receives ahead, `trainer.comm.RecvAhead`), on the receiver's core before
-  its first op.  A rank holding an op's tasks also pays its exchange calls' own work where
+  its first op, and the sender waits for each send request at the end of its step (`_wait_send`).  A rank holding an op's tasks also pays its exchange calls' own work where
   nothing moves between ranks, as the model's own steps timed it (`_local_calls`).
 * **Overheads.**  Each forward and backward task costs the calibrated per-task overhead on top
   of its kernel time (`planner.cost.calibration`): on CPU ranks, the runtime's own work between
@@ -225,6 +225,15 @@ def is_strided_copy(key: tuple) -> bool:
     return len(key) == 8 and key[-1] == -7
 
 
+def send_wait(key: tuple) -> tuple:
+    """The sender's wait for message `key`'s send request at the end of its step (`_wait_send`)."""
+    return key + (-8,)
+
+
+def is_send_wait(key: tuple) -> bool:
+    return len(key) == 7 and key[-1] == -8
+
+
 def zero_grad(d: int) -> tuple:
     return (-1, 0, d)
 
@@ -235,6 +244,11 @@ def sync_wait(d: int) -> tuple:
 
 def optimizer_step(d: int) -> tuple:
     return (4, 1, d)
+
+
+def sends_waited(d: int) -> tuple:
+    """Rank d's program has waited for its step's send requests (`_wait_send`), after `sync_wait`."""
+    return (4, 2, d)
 
 
 def requires_grad(graph: OperatorGraph) -> list[bool]:
@@ -329,6 +343,10 @@ def chain_plan(b) -> tuple:
             edges.append((grads_out(n, i, d), grads_in(n, i, d)))
             edges.append((grads_in(n, i, d), back_arrive(n, i - 1, d)))
         edges.append((arrive(n, d), back_arrive(n, n - 1, d)))
+        # The end of the step: the buckets' wait, then the send requests' (`sync_plan`, `_wait_send`).
+        barrier(sync_wait(d), d)
+        barrier(sends_waited(d), d)
+        edges += [(back_arrive(n, -1, d), sync_wait(d)), (sync_wait(d), sends_waited(d))]
     return tasks, edges, tuple(keys)
 
 
@@ -604,6 +622,7 @@ def edge_plan(b, i: int, op, j: int, ccfg, pcfg, rides: frozenset = frozenset())
         if (0, sd, dd) not in posted:
             posted.add((0, sd, dd))
             _post(b, tasks, edges, key, dd)
+            _wait_send(b, tasks, edges, key, sd)
         if grads:
             key = (1, n - i, 1, j, pt, dd)
             mt, me, first, last = _message(b, key, b._route(dd, sd), rt, nbytes, (1, i) + pair, two_way)
@@ -619,6 +638,7 @@ def edge_plan(b, i: int, op, j: int, ccfg, pcfg, rides: frozenset = frozenset())
             if (1, sd, dd) not in posted:
                 posted.add((1, sd, dd))
                 _post(b, tasks, edges, key, sd)
+                _wait_send(b, tasks, edges, key, dd)
     gpu = rt.launches_async
     # Whether the configurations keep apart an edge that may be fused (only asked where it costs).
     apart = (rt.bwd_call_s > 0 or (grads and rt.local_exchange_s[1] > 0)) and \
@@ -662,6 +682,22 @@ def _post(b, tasks: list, edges: list, key: tuple, dst: int) -> None:
         k = key + (-5,)
         tasks.append((k, dst, post, "overhead", 0.0, "post receive"))
         edges.append((k, arrive(0, dst)))
+
+
+def _wait_send(b, tasks: list, edges: list, key: tuple, src: int) -> None:
+    """The sender's wait for message `key`'s send request as its step ends: the runtime keeps a
+    step's send requests, so that their buffers live, and waits for them all after its buckets
+    (`autopar.trainer.runtime.Runtime.step`, in its ``sync`` span), at the calibrated
+    ``send_wait_s`` each: a gloo request completes only inside its ``wait()``, so each costs a
+    call however long ago its bytes left (14-16 us a send in rnnlm's and a tagger's steps on the
+    AMD VM; 0.8-0.9 ms a step for the 54-56 sends of a random rnnlm plan: docs/simulation.md,
+    "Thirty-ninth round").  One per message the runtime sends, as `_post` posts one receive: a
+    flow that rides in an earlier input's message (`riders`) waits in that message's."""
+    seconds = b.runtime.send_wait_s
+    if seconds > 0:
+        k = send_wait(key)
+        tasks.append((k, _CHAIN_BASE + src, seconds, "overhead", 0.0, "wait for a send"))
+        edges += [(sync_wait(src), k), (k, sends_waited(src))]
 
 
 def _strided(b, i: int, op, j: int, ccfg, pcfg, local: dict, tasks: list, edges: list) -> None:
@@ -837,7 +873,7 @@ def sync_plan(b, holdings: dict) -> tuple:
     update_time = b.cost.update_time
     drawn = b._batch_draw_s
     for d in range(b.num_devices):
-        w, o = sync_wait(d), optimizer_step(d)
+        o = optimizer_step(d)
         tensors, nbytes, analytic = 0, 0.0, 0.0
         for p, held in holdings.items():
             if d not in held:
@@ -853,10 +889,9 @@ def sync_plan(b, holdings: dict) -> tuple:
         z = zero_grad(d)
         tasks.append((z, d, max(drawn + zeroed[d] / devices[d].mem_bandwidth, MIN_TASK_SECONDS), "overhead", 0.0,
                       "draw the batch, zero grad"))
-        tasks.append((w, _CHAIN_BASE + d, MIN_TASK_SECONDS, "barrier", 0.0, "sync"))
         tasks.append((o, d, max(seconds, MIN_TASK_SECONDS), "update", 0.0, "optimizer step"))
-        keys += (z, w, o)
-        edges += [(back_arrive(n, -1, d), w), (w, o)]
+        keys += (z, o)
+        edges.append((sends_waited(d), o))
         if rt.launches_async:   # zeroing and the update are kernels in the stream; the host runs on
             edges += [(z, stream_arrive(0, d)), (stream_back(n, -1, d), o)]
         else:
@@ -887,8 +922,8 @@ def step_parts(b, tg, tl, barrier: bool = True) -> dict[int, dict[str, float]]:
     * ``transfer``: the program's time in its ops' exchanges, forward and backward (from reaching
       an exchange to having its inputs, or its gradients, staged: the ``exchange`` and ``grad
       exchange`` spans);
-    * ``synchronization``: waiting for the buckets' all-reduces after the backward pass (the
-      ``sync`` span);
+    * ``synchronization``: waiting for the buckets' all-reduces after the backward pass, and then
+      for the step's send requests (`_wait_send`; together the ``sync`` span);
     * ``optimizer``: the optimizer step;
     * ``overhead``: the rest of the device's step (the per-task overhead, posting receives,
       zeroing the gradient buckets, issuing a bucket after the backward pass).
@@ -931,6 +966,9 @@ def step_parts(b, tg, tl, barrier: bool = True) -> dict[int, dict[str, float]]:
     for key in tg:
         info = tg.task(key)
         res = info.resource
+        if is_send_wait(key):                   # on the program's own resource, after `sync_wait`
+            out[res - _CHAIN_BASE]["synchronization"] += info.duration
+            continue
         if isinstance(res, tuple) or res >= b.num_devices:      # a transfer's or an all-reduce's parts
             continue
         if info.kind == "forward":

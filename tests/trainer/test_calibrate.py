@@ -13,7 +13,8 @@ from autopar.trainer.calibrate import (IN_SITU_BATCHES, QUICK_SIZES, _interleave
                                       fit_intercept,
                                       fit_optimizer,
                                       in_situ_job, in_step_curve, issue_curve, message_latencies, message_serial,
-                                      one_way_latencies, receive_posting, send_calls, spread, staging_curves)
+                                      one_way_latencies, receive_posting, send_calls, send_waits, spread,
+                                      staging_curves)
 
 
 def _monotone_positive(points) -> bool:
@@ -54,6 +55,8 @@ def test_a_quick_calibration_of_two_ranks_is_complete_and_round_trips(tmp_path):
     assert dict(cal.details)["allreduce_issue"]["issues"] > 0 and 0 < cal.issue_time(1 << 20) < 5e-2
     # Posting the receives ahead was timed in the in-situ steps.
     assert dict(cal.details)["posting"]["receives"] > 0 and 0 < cal.post_s < 5e-3
+    # So was the wait for each step's send requests as it ends.
+    assert dict(cal.details)["send_waits"]["sends"] > 0 and 0 < cal.send_wait_s < 5e-3
     assert {name for name, _, _ in cal.optimizer} == {"adam", "sgd"}
     assert all(t >= 0 and b >= 0 and t + b > 0 for _, t, b in cal.optimizer)
     assert cal.optimizer_time("adam", 10, 40e6) > 0
@@ -358,6 +361,14 @@ def test_the_calibration_target_names_product_and_backend_and_refuses_what_this_
     have = torch.cuda.device_count() if torch.cuda.is_available() else 0
     with pytest.raises(TrainerConfigError, match=f"{have + 1} CUDA rank.s. need one GPU each.*calibrate fewer"):
         calibration_target(have + 1, "cuda")
+
+
+def test_the_send_wait_is_the_mean_over_every_send_of_every_rank():
+    per_rank = [{2: {"send_waits": [(2e-4, 10), (4e-4, 10)]}}, {2: {"send_waits": [(0.0, 0)]}, 8: {"send_waits": [(3e-4, 20)]}}]
+    seconds, details = send_waits(per_rank)
+    assert seconds == pytest.approx(9e-4 / 40) and details["sends"] == 40
+    with pytest.raises(ValueError, match="no send request"):
+        send_waits([{2: {"send_waits": [(0.0, 0)]}}])
 
 
 def test_receive_posting_is_the_mean_over_every_receive_of_every_rank():
