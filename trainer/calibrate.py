@@ -1388,16 +1388,23 @@ def _in_situ_rank(rank: int, world: int, cfg: "Settings", one_way: bool = False)
     return out
 
 
+def _per_item(per_rank: list[dict[int, dict[str, list]]], column: str) -> tuple[float, int]:
+    """(seconds, items) summed over `column`'s (seconds, items) pairs of every timed step of the
+    in-situ workload (`_in_situ_rank`) on every rank."""
+    seconds = items = 0
+    for rows in per_rank:
+        for row in rows.values():
+            for t, n in row.get(column, ()):
+                seconds += t
+                items += n
+    return seconds, items
+
+
 def receive_posting(per_rank: list[dict[int, dict[str, list]]]) -> tuple[float, dict]:
     """Seconds per receive the runtime spends posting receives ahead (`trainer.comm.RecvAhead`:
     a buffer and an ``irecv`` each, mostly as a step begins), over every timed step of the
     in-situ workload on every rank: the mean, since a step pays the slow posts too."""
-    seconds = receives = 0
-    for rows in per_rank:
-        for row in rows.values():
-            for t, n in row.get("posting", ()):
-                seconds += t
-                receives += n
+    seconds, receives = _per_item(per_rank, "posting")
     if not receives:
         raise ValueError("the in-situ workload posted no receive ahead")
     return seconds / receives, {"receives": receives, "seconds": seconds, "per_receive_s": seconds / receives}
@@ -1411,12 +1418,7 @@ def send_waits(per_rank: list[dict[int, dict[str, list]]]) -> tuple[float, dict]
     bytes left: 14-16 us per send in rnnlm's and a user's tagger's steps (0.8-0.9 ms a step for
     the 54-56 sends of a random rnnlm plan; AMD EPYC VM, 2026-11-30), which the simulator did not
     charge (docs/simulation.md, "Thirty-ninth round")."""
-    seconds = sends = 0
-    for rows in per_rank:
-        for row in rows.values():
-            for t, n in row.get("send_waits", ()):
-                seconds += t
-                sends += n
+    seconds, sends = _per_item(per_rank, "send_waits")
     if not sends:
         raise ValueError("the in-situ workload left no send request to wait for at a step's end")
     return seconds / sends, {"sends": sends, "seconds": seconds, "per_send_s": seconds / sends}

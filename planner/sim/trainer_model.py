@@ -31,7 +31,8 @@ What the trainer does, and how it is modelled:
   program waiting for its part, and the sender's own call that sends it (``send_call``) before
   its program goes on.  Every receive is posted as the step begins (`_post`: gloo
   ranks post a step's receives ahead, `trainer.comm.RecvAhead`), on the receiver's core before
-  its first op, and the sender waits for each send request at the end of its step (`_wait_send`).  A rank holding an op's tasks also pays its exchange calls' own work where
+  its first op, and the sender waits for each send request at the end of its step
+  (`_wait_send`).  A rank holding an op's tasks also pays its exchange calls' own work where
   nothing moves between ranks, as the model's own steps timed it (`_local_calls`).
 * **Overheads.**  Each forward and backward task costs the calibrated per-task overhead on top
   of its kernel time (`planner.cost.calibration`): on CPU ranks, the runtime's own work between
