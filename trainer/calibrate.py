@@ -1683,9 +1683,10 @@ def summary(cal: RuntimeCalibration) -> dict[str, Any]:
     """The numbers `autopar profile` prints: p2p at 4 B and 1 MiB (and one way at 1 MiB, with its
     sender's own call at 64 KiB where measured), all-reduce at 1 MiB among all ranks, the
     overheads (microseconds; ``bwd_call_us``: an unfused op's own backward call; posting a
-    receive; waiting for a send as the step ends; issuing a 4 MiB all-reduce), the optimizer coefficients and the staging of a 1 MiB
-    message, and the arrival noise (the standard deviation ``jitter`` gives a program over
-    1 ms, and those of the noise curves at 64 KiB; None where not measured)."""
+    receive; waiting for a send as the step ends; issuing a 4 MiB all-reduce), the optimizer
+    coefficients and the staging of a 1 MiB message, and the arrival noise (the standard
+    deviation ``jitter`` gives a program over 1 ms, and those of the noise curves at 64 KiB;
+    None where not measured)."""
     us = 1e6
     return {"world": cal.world, "source": cal.source,
             "p2p_4B_us": cal.p2p(4) * us, "p2p_1MiB_us": cal.p2p(1 << 20) * us,

@@ -364,7 +364,8 @@ def test_the_calibration_target_names_product_and_backend_and_refuses_what_this_
 
 
 def test_the_send_wait_is_the_mean_over_every_send_of_every_rank():
-    per_rank = [{2: {"send_waits": [(2e-4, 10), (4e-4, 10)]}}, {2: {"send_waits": [(0.0, 0)]}, 8: {"send_waits": [(3e-4, 20)]}}]
+    per_rank = [{2: {"send_waits": [(2e-4, 10), (4e-4, 10)]}},
+                {2: {"send_waits": [(0.0, 0)]}, 8: {"send_waits": [(3e-4, 20)]}}]
     seconds, details = send_waits(per_rank)
     assert seconds == pytest.approx(9e-4 / 40) and details["sends"] == 40
     with pytest.raises(ValueError, match="no send request"):
