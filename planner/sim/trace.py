@@ -15,6 +15,10 @@ Layout, chosen to line up with the measured trace the trainer writes (one proces
   trace's CPU-side spans of a CUDA rank are named, plus the autograd engine's start-up of an
   op's own backward call (``engine call <op>``) and the issuing of gradient buckets.  A step that
   the host paces shows there: the kernels' lane has gaps that the host's lane has not;
+* on a CPU rank, thread 1 ("program") holds the calls its program makes beside the core, named
+  as their labels: an exchange's own work where nothing moves (``exchange <op>``, ``grad
+  exchange <op>``, where the model's own steps timed it) and the wait for each send request at
+  the end of the step (``wait for a send``; `planner.sim.trainer_model._wait_send`);
 * one process "links" with a thread per link that carried traffic: transfers
   (``send <op> input j``, ``grad <op> input j``) and gradient all-reduce ring steps
   (``allreduce <parameter>``), each on every link of its route.
@@ -37,7 +41,8 @@ from ._plans import MIN_TASK_SECONDS
 from .trainer_model import _CHAIN_BASE
 
 _LINKS_PID = 1 << 20
-#: A GPU's thread for its host's tasks (thread 0 is its kernels' stream).
+#: A GPU's thread for its host's tasks (thread 0 is its kernels' stream); a CPU rank's for its
+#: program's own calls beside its core.
 _HOST_TID = 1
 _WAIT_TID = 2
 
@@ -81,6 +86,7 @@ def simulated_trace(graph: OperatorGraph, topology: DeviceTopology, timeline: Ti
     events: list[dict[str, Any]] = []
     used_links: set[int] = set()
     hosts: set[int] = set()
+    programs: set[int] = set()
     waited: set[int] = set()
     for r in timeline.resources():
         host = _CHAIN_BASE <= r < _CHAIN_BASE + n
@@ -89,7 +95,7 @@ def simulated_trace(graph: OperatorGraph, topology: DeviceTopology, timeline: Ti
         elif r < n + len(topology.links):
             pid, tid = _LINKS_PID, r - n
         elif host:
-            pid, tid = r - _CHAIN_BASE, _HOST_TID   # a GPU's host; on a CPU rank only barriers run there
+            pid, tid = r - _CHAIN_BASE, _HOST_TID   # a GPU's host, a CPU rank's program
         else:
             continue  # the simulator's virtual resources (barriers, message latencies)
         for key, start, end in timeline.spans(r):
@@ -104,11 +110,16 @@ def simulated_trace(graph: OperatorGraph, topology: DeviceTopology, timeline: Ti
                 continue
             if pid == _LINKS_PID:
                 used_links.add(tid)
-            if host:
+            program = host and topology.devices[pid].kind.lower().startswith("cpu")
+            if program:
+                programs.add(pid)
+                title, cat = info.label, info.kind
+            elif host:
                 hosts.add(pid)
-            title = (_host_task_name(key, info.label) if host
-                     else _task_name(graph, params, key, info.kind, info.label))
-            events.append({"name": title, "cat": "host" if host else info.kind, "ph": "X",
+                title, cat = _host_task_name(key, info.label), "host"
+            else:
+                title, cat = _task_name(graph, params, key, info.kind, info.label), info.kind
+            events.append({"name": title, "cat": cat, "ph": "X",
                            "pid": pid, "tid": tid, "ts": start * 1e6, "dur": max(end - start, 0.0) * 1e6,
                            "args": {"key": list(key), "bytes": info.nbytes, "where": info.label}})
     meta = []
@@ -117,8 +128,9 @@ def simulated_trace(graph: OperatorGraph, topology: DeviceTopology, timeline: Ti
         meta.append({"name": "process_sort_index", "ph": "M", "pid": d, "args": {"sort_index": d}})
         meta.append({"name": "thread_name", "ph": "M", "pid": d, "tid": 0,
                      "args": {"name": "kernels" if d in hosts else "compute"}})
-        if d in hosts:
-            meta.append({"name": "thread_name", "ph": "M", "pid": d, "tid": _HOST_TID, "args": {"name": "host"}})
+        if d in hosts or d in programs:
+            meta.append({"name": "thread_name", "ph": "M", "pid": d, "tid": _HOST_TID,
+                         "args": {"name": "host" if d in hosts else "program"}})
         if d in waited:
             meta.append({"name": "thread_name", "ph": "M", "pid": d, "tid": _WAIT_TID, "args": {"name": "mean waits"}})
     if used_links:

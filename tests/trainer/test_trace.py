@@ -99,7 +99,14 @@ def test_a_gpus_simulated_trace_has_its_hosts_lane_beside_its_kernels():
     for e in kernels:   # a kernel starts once its host has issued it
         if e["name"] in first and e["name"].startswith("fwd "):
             assert e["ts"] >= first[e["name"]]
+    # A CPU rank has no host: its compute is thread 0, and the calls its program makes beside
+    # the core (here the wait for each send request at the step's end) thread 1, "program".
     cpu = get_preset("local:2")
     _, tl, tg = simulate_strategy(TaskGraphBuilder(graph, cpu, CostModel()), named_strategy("model-parallel", graph, cpu))
-    assert all(e["tid"] == 0 for e in simulated_trace(graph, cpu, tl, tg)["traceEvents"]
-               if e.get("ph") == "X" and e["pid"] in (0, 1))
+    doc = simulated_trace(graph, cpu, tl, tg)
+    ranks = [e for e in doc["traceEvents"] if e.get("ph") == "X" and e["pid"] in (0, 1)]
+    program = [e for e in ranks if e["tid"] == 1]
+    assert program and {e["name"] for e in program} == {"wait for a send"}
+    assert all(e["tid"] == 0 for e in ranks if e not in program) and not any(e["cat"] == "host" for e in ranks)
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in doc["traceEvents"] if e.get("name") == "thread_name"}
+    assert names[(0, 0)] == "compute" and {names[(pid, 1)] for pid in (0, 1) if (pid, 1) in names} == {"program"}
