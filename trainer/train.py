@@ -190,7 +190,7 @@ def predict(graph: OperatorGraph, topology, strategy: Strategy,
     """The simulator's step time for the plan (profile cache where measured, roofline elsewhere),
     how it was obtained, and the simulated step's parts on its busiest device
     (`trainer.parts.simulate_parts`)."""
-    if (cfg.topology is None and any(d.kind.lower().startswith("cpu") for d in topology.devices)
+    if (cfg.topology is None and any(d.is_cpu for d in topology.devices)
             and pick_backend(cfg.device)[1] == "cuda"):
         # local:N describes CPU worker ranks; a prediction for it says nothing about these GPUs
         return None, ("no prediction: training on CUDA, and local:N describes CPU ranks; pass --topology with a "

@@ -144,10 +144,6 @@ def _winograd_eligible(op: Op) -> bool:
     return len(weight) == 4 and weight[0] >= 32 and weight[1] >= 32
 
 
-def _is_cpu(device: Device) -> bool:
-    return device.kind.lower().startswith("cpu")
-
-
 def _sum_volumes(shapes) -> int:
     total = 0
     for s in shapes:
@@ -257,7 +253,7 @@ class AnalyticModel:
             tasks *= d
         dtype = op_dtype(op)
         itemsize = DTYPE_BYTES[dtype]
-        cpu = _is_cpu(device)
+        cpu = device.is_cpu
         launch = self.launch_cpu if cpu else self.launch_gpu
         bandwidth = device.mem_bandwidth * (self.mem_eff_cpu if cpu else self.mem_eff_gpu)
         peak = device.flops_for(dtype) * cls.efficiency
@@ -325,7 +321,7 @@ class AnalyticModel:
         reads and writes them (`_memory`)."""
         if nbytes <= 0:
             return 0.0
-        cpu = _is_cpu(device)
+        cpu = device.is_cpu
         bandwidth = device.mem_bandwidth * (self.mem_eff_cpu if cpu else self.mem_eff_gpu)
         return (self.launch_cpu if cpu else self.launch_gpu) + self._memory(2.0 * nbytes, bandwidth, cpu)
 
@@ -336,7 +332,7 @@ class AnalyticModel:
         passes = self.update_passes.get(name)
         if passes is None:
             raise CostModelError(f"unknown optimizer {name!r} for the update cost; known: {', '.join(self.update_passes)}")
-        cpu = _is_cpu(device)
+        cpu = device.is_cpu
         bandwidth = device.mem_bandwidth * (self.mem_eff_cpu if cpu else self.mem_eff_gpu)
         overhead = self.update_overhead_cpu if cpu else self.update_overhead_gpu
         return overhead + passes * param_bytes / bandwidth

@@ -225,7 +225,7 @@ def host_kind(product: str, workers: int) -> str:
 def kind_of(device: Device) -> str:
     """The device product under which a cache keeps `device`'s op times: `host_kind` of a CPU
     device's product and `Device.host_workers`, a GPU's product."""
-    return host_kind(device.product, device.host_workers) if device.kind == "cpu" else device.product
+    return host_kind(device.product, device.host_workers) if device.is_cpu else device.product
 
 
 def task_key(op: Op, degrees: Sequence[int], device_kind: str, input_shapes: Sequence[Sequence[int]]) -> str:

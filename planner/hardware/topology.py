@@ -60,6 +60,12 @@ class Device:
         if self.host_workers < 1:
             raise TopologyError(f"device {self.name}: host_workers ({self.host_workers}) must be at least 1")
 
+    @property
+    def is_cpu(self) -> bool:
+        """A CPU device (kind ``cpu``, ``cpu-core``, ...): a rank's core runs its ops, its
+        communication and its program, with no stream to launch kernels into."""
+        return self.kind.lower().startswith("cpu")
+
     def flops_for(self, dtype: str) -> float:
         if dtype in ("float16", "bfloat16") and self.peak_flops_half > 0:
             return self.peak_flops_half
@@ -108,10 +114,10 @@ class DeviceTopology:
             raise TopologyError(f"topology {self.name}: no devices")
         cpus: dict[str, int] = {}
         for d in self.devices:
-            if d.kind == "cpu":
+            if d.is_cpu:
                 cpus[d.node] = cpus.get(d.node, 0) + 1
-        if any(d.kind == "cpu" and d.host_workers != cpus[d.node] for d in self.devices):
-            object.__setattr__(self, "devices", tuple(replace(d, host_workers=cpus[d.node]) if d.kind == "cpu" else d
+        if any(d.is_cpu and d.host_workers != cpus[d.node] for d in self.devices):
+            object.__setattr__(self, "devices", tuple(replace(d, host_workers=cpus[d.node]) if d.is_cpu else d
                                                       for d in self.devices))
         for i, d in enumerate(self.devices):
             if d.id != i:

@@ -110,7 +110,7 @@ def simulated_trace(graph: OperatorGraph, topology: DeviceTopology, timeline: Ti
                 continue
             if pid == _LINKS_PID:
                 used_links.add(tid)
-            program = host and topology.devices[pid].kind.lower().startswith("cpu")
+            program = host and topology.devices[pid].is_cpu
             if program:
                 programs.add(pid)
                 title, cat = info.label, info.kind

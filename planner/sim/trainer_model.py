@@ -119,7 +119,7 @@ def trainer_calibration(topology, cost, graph: OperatorGraph | None = None) -> R
     if not devices or len({d.product for d in devices}) != 1:
         return None
     product, world = devices[0].product, len(devices)
-    cpu = all(d.kind.lower().startswith("cpu") for d in devices)
+    cpu = all(d.is_cpu for d in devices)
     cache = getattr(cost, "cache", None)
     measured = cache.calibration(product, "gloo" if cpu else "nccl", world) if cache is not None else None
     if measured is not None:
