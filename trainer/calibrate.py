@@ -125,7 +125,11 @@ is: run it when nothing else competes for the cores.  `calibrate(world)` measure
    whole synthetic global batch before its first op (`trainer.data.SyntheticData`), so the
    ranks time ``torch.randn`` and ``torch.randint`` of 16 Ki, 256 Ki and 1 Mi elements on their
    devices (`_draw_samples`), and the medians are fitted as ``per_tensor + elements *
-   per_element`` (`fit_draw`).
+   per_element`` (`fit_draw`).  The same steps time **the buckets' zeroing** (``zero``): every
+   call of `trainer.sync.GradSync.zero_grad` as a step starts, right after the optimizer step that
+   read those gradients, on every rank at once, fitted as ``tensors * per_tensor + bytes *
+   per_byte`` (`fit_zero`).  The simulator priced it at the device's memory bandwidth (the local
+   preset's 12 GB/s), where both ranks zeroing cold buffers ran at 4.9-6.6 GB/s.
 
 6. **Messages inside steps** (`fit_exchange_latency`): the trainer runs a model-parallel chain
    (`in_situ_job`) at batches of 2 to 2048 rows (messages of 1 KiB to 1 MiB, `IN_SITU_BATCHES`)
@@ -834,12 +838,27 @@ def _overheads_result(status: str, model: str, fwd: float, bwd: float,
 
 
 def _optimizer_rank(rank: int, world: int, cfg: Settings, kind: str = "cpu") -> dict[str, Any]:
-    """One rank's optimizer samples (`_optimizer_in_steps`, ``optimizer``) and the (bytes,
+    """One rank's optimizer samples (`_optimizer_in_steps`, ``optimizer``), the (bytes,
     seconds) of every bucket's all-reduce it issued in those steps (``issues``): the call that
-    starts it, on the rank's own thread (`trainer.sync.GradSync._issue`)."""
+    starts it, on the rank's own thread (`trainer.sync.GradSync._issue`), and the (tensors, bytes,
+    seconds) of every zeroing of its buckets as a step started, after each job's first
+    `ZERO_WARMUP` (``zero``, `trainer.sync.GradSync.zero_grad`)."""
     from . import sync as sync_mod
     issues: list[tuple[int, float]] = []
-    issue = sync_mod.GradSync._issue
+    zeroed: list[tuple[int, int, float]] = []
+    issue, zero_grad = sync_mod.GradSync._issue, sync_mod.GradSync.zero_grad
+    device = rank_device(kind, rank)
+
+    def timed_zero(gs):
+        _sync(device)
+        t0 = time.perf_counter()
+        zero_grad(gs)
+        _sync(device)
+        seconds = time.perf_counter() - t0
+        gs.zeroings = n = getattr(gs, "zeroings", 0) + 1   # on the object: a new job's may take an old id
+        if n > ZERO_WARMUP and gs._flat:
+            tensors = sum(len(spans) for _, spans in gs._flat.values())
+            zeroed.append((tensors, sum(buf.numel() * buf.element_size() for buf, _ in gs._flat.values()), seconds))
 
     def timed_issue(gs, k):
         t0 = time.perf_counter()
@@ -847,10 +866,28 @@ def _optimizer_rank(rank: int, world: int, cfg: Settings, kind: str = "cpu") -> 
         bucket = gs.mine[k]
         itemsize = gs.shards[bucket.entries[0].param].tensor.element_size()
         issues.append((bucket.numel * itemsize, time.perf_counter() - t0))
-    device = rank_device(kind, rank)
-    with _patched(sync_mod.GradSync, "_issue", timed_issue):
+    with _patched(sync_mod.GradSync, "_issue", timed_issue), _patched(sync_mod.GradSync, "zero_grad", timed_zero):
         samples = _optimizer_in_steps(rank, world, cfg, device)
-    return {"optimizer": samples, "issues": issues, "draw": _draw_samples(device)}
+    return {"optimizer": samples, "issues": issues, "zero": zeroed, "draw": _draw_samples(device)}
+
+
+#: Zeroings of a job's buckets `_optimizer_rank` leaves out: the first step's, whose buffers are
+#: new, and the second's.
+ZERO_WARMUP = 2
+
+
+def fit_zero(per_rank: Sequence[Sequence[tuple[int, int, float]]]) -> tuple[float, float] | None:
+    """(seconds per tensor, seconds per byte) of zeroing a step's gradient buckets, from every
+    rank's (tensors, bytes, seconds) (`_optimizer_rank`): the median per (tensors, bytes) over
+    the ranks' calls, fitted as the optimizer is (`fit_optimizer`); None without a sample (one
+    rank: no buckets)."""
+    by_case: dict[tuple[int, int], list[float]] = {}
+    for rank in per_rank:
+        for tensors, nbytes, seconds in rank:
+            by_case.setdefault((tensors, nbytes), []).append(seconds)
+    if not by_case:
+        return None
+    return fit_optimizer([(t, b, statistics.median(v)) for (t, b), v in sorted(by_case.items())])
 
 
 #: Elements of the synthetic tensors `_draw_samples` draws, and how often it draws each.
@@ -1104,6 +1141,8 @@ def calibrate(world: int, *, quick: bool = False, progress: Callable[[str], None
     details["allreduce_issue"] = issued
     draw = fit_draw([r["draw"] for r in per_rank])
     details["draw_samples"] = [r["draw"] for r in per_rank]
+    zero = fit_zero([r["zero"] for r in per_rank])
+    details["zero_samples"] = [r["zero"] for r in per_rank]
     chains = res["chains"]
     # On a CPU rank the runtime's cost adds to the kernels it runs.  On a GPU the host issues
     # kernels that run behind it, and a chain of tiny ops is paced by the host alone: the runtime's
@@ -1150,7 +1189,7 @@ def calibrate(world: int, *, quick: bool = False, progress: Callable[[str], None
                              exchange_s=exchange_s, p2p=p2p, allreduce=tuple(allreduce),
                              optimizer=tuple(optimizer),
                              comm_uses_cores=not gpu and usable_cores() < 2 * world, issue=issue,
-                             source="measured", wire=wire, draw=draw, details=(),
+                             source="measured", wire=wire, draw=draw, zero=zero, details=(),
                              shared_cache_bytes=None if gpu else shared_cache_bytes())
 
     # 6. and 8.
@@ -1684,9 +1723,9 @@ def summary(cal: RuntimeCalibration) -> dict[str, Any]:
     sender's own call at 64 KiB where measured), all-reduce at 1 MiB among all ranks, the
     overheads (microseconds; ``bwd_call_us``: an unfused op's own backward call; posting a
     receive; waiting for a send as the step ends; issuing a 4 MiB all-reduce), the optimizer
-    coefficients and the staging of a 1 MiB message, and the arrival noise (the standard
-    deviation ``jitter`` gives a program over 1 ms, and those of the noise curves at 64 KiB;
-    None where not measured)."""
+    coefficients, the staging of a 1 MiB message, zeroing 16 MiB of gradient buckets (four
+    tensors), and the arrival noise (the standard deviation ``jitter`` gives a program over 1 ms,
+    and those of the noise curves at 64 KiB; None where not measured)."""
     us = 1e6
     return {"world": cal.world, "source": cal.source,
             "p2p_4B_us": cal.p2p(4) * us, "p2p_1MiB_us": cal.p2p(1 << 20) * us,
@@ -1702,6 +1741,7 @@ def summary(cal: RuntimeCalibration) -> dict[str, Any]:
             "staging_1MiB_us": {name: cal.staging_time(k, 1 << 20) * us for k, name in enumerate(STAGING_PARTS)}
                                if cal.staging else None,
             "draw_1Mi_elements_us": {name: (t + e * (1 << 20)) * us for name, t, e in cal.draw} or None,
+            "zero_16MiB_us": cal.zero_time(4, 16 << 20) * us if cal.zero is not None else None,
             "arrival_noise": ({"jitter_sd_1ms_us": (cal.jitter * 1e-3) ** 0.5 * us,
                                "oneway_latency_sd_64KiB_us": (cal.latency_var(64 << 10) ** 0.5 * us
                                                               if cal.latency_var is not None else None),
@@ -1737,6 +1777,7 @@ def summary_line(cal: RuntimeCalibration) -> str:
             + ("; drawing a batch of 1 Mi elements " + ", ".join(f"{name} {v:.0f} us"
                                                                 for name, v in s["draw_1Mi_elements_us"].items())
                if s["draw_1Mi_elements_us"] else "")
+            + (f"; zeroing 16 MiB of gradient buckets {s['zero_16MiB_us']:.0f} us" if s["zero_16MiB_us"] else "")
             + (_noise_words(s["arrival_noise"]) if s["arrival_noise"] else ""))
 
 

@@ -55,7 +55,8 @@ What the trainer does, and how it is modelled:
   (`O`): the calibrated optimizer time for its tensors and bytes (the cost model's update time
   where the calibration has none).  Before its first op, each rank
   draws the step's synthetic global batch (the calibrated ``draw`` for each of the graph's input
-  tensors) and zeroes its bucket buffers (`zero_grad`, memory bandwidth).
+  tensors) and zeroes its bucket buffers (`zero_grad`: the calibrated ``zero`` for their tensors
+  and bytes, else the device's memory bandwidth).
 
 Groups, as `planner.sim._plans` builds them, stay pure functions of configurations so delta
 simulation edits them like FlexFlow's: the static chain of barriers (never changes), one group
@@ -842,9 +843,11 @@ def sync_plan(b, holdings: dict) -> tuple:
     n, g = b.num_ops, b.graph
     tasks, edges, keys = [], [], []
     zeroed = [0.0] * b.num_devices   # bytes of bucket buffers each rank zeroes as the step starts
+    views = [0] * b.num_devices      # and the gradients it sets to views of them
     for k, bucket in enumerate(plan_buckets(g, holdings, b.bucket_bytes)):
         for d in bucket.devices:
             zeroed[d] += bucket.nbytes
+            views[d] += len(bucket.entries)
         devs = bucket.devices
         r = len(devs)
         seconds, beside = rt.bucket_time(bucket.nbytes, r)
@@ -888,8 +891,10 @@ def sync_plan(b, holdings: dict) -> tuple:
         measured = rt.optimizer_time(b.optimizer, tensors, nbytes) if tensors else 0.0
         seconds = measured if measured is not None else analytic
         z = zero_grad(d)
-        tasks.append((z, d, max(drawn + zeroed[d] / devices[d].mem_bandwidth, MIN_TASK_SECONDS), "overhead", 0.0,
-                      "draw the batch, zero grad"))
+        zeroing = rt.zero_time(views[d], zeroed[d]) if zeroed[d] else 0.0
+        if zeroing is None:
+            zeroing = zeroed[d] / devices[d].mem_bandwidth
+        tasks.append((z, d, max(drawn + zeroing, MIN_TASK_SECONDS), "overhead", 0.0, "draw the batch, zero grad"))
         tasks.append((o, d, max(seconds, MIN_TASK_SECONDS), "update", 0.0, "optimizer step"))
         keys += (z, o)
         edges.append((sends_waited(d), o))

@@ -10,6 +10,7 @@ import pytest
 from autopar.planner.cost import Curve, ProfileCache
 from autopar.planner.cost.calibration import CALIBRATION_METHOD, STAGING_PARTS, RuntimeCalibration
 from autopar.trainer.calibrate import (IN_SITU_BATCHES, QUICK_SIZES, _interleaved, arrival_noise, calibrate, fit_draw,
+                                      fit_zero,
                                       fit_intercept,
                                       fit_optimizer,
                                       in_situ_job, in_step_curve, issue_curve, message_latencies, message_serial,
@@ -104,6 +105,13 @@ def test_a_quick_calibration_of_two_ranks_is_complete_and_round_trips(tmp_path):
     assert {name for name, _, _ in cal.draw} == {"float", "int"} and len(details["draw_samples"]) == 2
     assert all(t >= 0 and e > 0 for _, t, e in cal.draw)
     assert cal.draw_time(True, 1 << 20) > cal.draw_time(True, 1 << 10) > 0
+    # Zeroing the buckets was timed in the optimizer's data-parallel steps on both ranks, past each
+    # job's first zeroings: 16 MiB costs more than 16 KiB.
+    zeroed = details["zero_samples"]
+    assert len(zeroed) == 2 and all(len(rank) > 0 for rank in zeroed)
+    assert {(t, b) for t, b, _ in zeroed[0]} == {(t, b) for t, b, _ in zeroed[1]}
+    assert cal.zero is not None and min(cal.zero) >= 0
+    assert cal.zero_time(4, 16 << 20) > cal.zero_time(4, 16 << 10) > 0
     # The optimizer was timed inside the trainer's steps: bigger cases cost more.
     for name, samples in details["optimizer_samples"].items():
         by_bytes = sorted(samples, key=lambda s: s[1])
@@ -141,6 +149,16 @@ def test_the_draw_fit_is_per_tensor_plus_per_element_over_the_ranks_medians():
                 {"float": [(1000, 9e-5), (3000, 9e-5)], "int": [(1000, 1e-5), (3000, 3e-5)]}]   # the median rules
     got = dict((k, (t, e)) for k, t, e in fit_draw(per_rank))
     assert got["float"] == pytest.approx((1e-5, 1e-8)) and got["int"] == pytest.approx((0.0, 1e-8), abs=1e-12)
+
+
+def test_the_zero_fit_takes_the_median_per_case_over_every_ranks_calls():
+    per_rank = [[(4, 1 << 20, 2e-4), (4, 1 << 20, 2e-4), (8, 8 << 20, 9e-4)],
+                [(4, 1 << 20, 5e-3), (8, 8 << 20, 9e-4), (8, 8 << 20, 9e-4)]]    # one slow call: the median rules
+    per_tensor, per_byte = fit_zero(per_rank)
+    assert per_tensor > 0 and per_byte > 0
+    assert 4 * per_tensor + (1 << 20) * per_byte == pytest.approx(2e-4, rel=1e-6)
+    assert 8 * per_tensor + (8 << 20) * per_byte == pytest.approx(9e-4, rel=1e-6)
+    assert fit_zero([[], []]) is None
 
 
 def test_drawing_samples_time_each_kind_at_every_size():

@@ -780,6 +780,35 @@ def test_every_rank_draws_the_whole_batch_before_its_first_op():
             assert runs[1][1][d]["overhead"] - runs[0][1][d]["overhead"] == pytest.approx(expected, abs=1e-8)
 
 
+def test_each_rank_zeroes_its_buckets_at_the_calibrated_rate():
+    """A rank zeroes its gradient buckets as its step starts: with a calibrated ``zero`` its
+    step-start task lasts ``tensors * per_tensor + bytes * per_byte`` of the buckets it holds
+    (data parallelism: every parameter, on both ranks); without one, their bytes at the device's
+    memory bandwidth.  A plan that replicates no parameter zeroes nothing either way."""
+    from autopar.planner.sim.trainer_model import zero_grad
+    from autopar.planner.zoo import load_model
+    from autopar.planner.ir import import_spec
+
+    g = import_spec(load_model("lenet", batch=8, image=20))
+    topo = get_preset("local:2")
+    base = replace(default_calibration("CPU-core", "gloo", 2), draw=(), zero=None)
+    zeroing = replace(base, zero=(3e-6, 2e-10))
+    tensors, nbytes = len(g.param_specs), sum(p.nbytes for p in g.param_specs.values())
+    assert nbytes > 0
+    seconds = {}
+    for name, strategy in (("dp", data_parallel(g, 2)), ("mp", model_parallel(g, 2))):
+        for tag, cal in (("base", base), ("zero", zeroing)):
+            b = TaskGraphBuilder(g, topo, CostModel().bind(g), runtime=cal)
+            res, tl, tg = simulate_strategy(b, strategy)
+            seconds[name, tag] = [tg.task(zero_grad(d)).duration for d in (0, 1)]
+    for d in (0, 1):
+        assert seconds["dp", "zero"][d] == pytest.approx(tensors * 3e-6 + nbytes * 2e-10, rel=1e-9)
+        assert seconds["dp", "base"][d] == pytest.approx(nbytes / topo.devices[d].mem_bandwidth, rel=1e-9)
+        assert seconds["mp", "zero"][d] == seconds["mp", "base"][d] < 1e-6
+    assert zeroing.zero_time(tensors, nbytes) == pytest.approx(tensors * 3e-6 + nbytes * 2e-10)
+    assert base.zero_time(tensors, nbytes) is None
+
+
 def _numel(spec) -> int:
     n = 1
     for x in spec.shape:
