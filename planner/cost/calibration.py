@@ -59,8 +59,9 @@ keeps it beside the op times.  The simulator reads it when it models the trainer
   runtime's `trainer.sync.GradSync.zero_grad` as every rank starts a step: each bucket's flat
   gradient buffer is zeroed and each of its parameters' ``.grad`` set to a view of it.  Timed in
   the optimizer's data-parallel steps (stage 5), both ranks at once, right after the optimizer step
-  that read those gradients: on the 2-vCPU AMD VM both ranks zeroed at 4.9-6.6 GB/s where the local
-  preset's memory bandwidth is 12 GB/s.  None where not measured (the device's memory bandwidth).
+  that read those gradients: on the 2-vCPU AMD VM about 24 us a tensor and 5.4-6.8 GB/s over 2-34 MB,
+  where the local preset's memory bandwidth is 12 GB/s.  None where not measured (the device's
+  memory bandwidth).
 * **The shared cache** (``shared_cache_bytes``) — the size of the last-level cache the ranks'
   cores share, read from the operating system where the ranks run (sysfs); the simulator prices
   each op between its profile with the L2 evicted and its profile with the last-level cache
