@@ -219,6 +219,7 @@ import math
 import os
 import statistics
 import time
+import weakref
 from collections import defaultdict
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
@@ -846,6 +847,7 @@ def _optimizer_rank(rank: int, world: int, cfg: Settings, kind: str = "cpu") -> 
     from . import sync as sync_mod
     issues: list[tuple[int, float]] = []
     zeroed: list[tuple[int, int, float]] = []
+    calls: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()   # per GradSync: ids get reused
     issue, zero_grad = sync_mod.GradSync._issue, sync_mod.GradSync.zero_grad
     device = rank_device(kind, rank)
 
@@ -855,7 +857,7 @@ def _optimizer_rank(rank: int, world: int, cfg: Settings, kind: str = "cpu") -> 
         zero_grad(gs)
         _sync(device)
         seconds = time.perf_counter() - t0
-        gs.zeroings = n = getattr(gs, "zeroings", 0) + 1   # on the object: a new job's may take an old id
+        calls[gs] = n = calls.get(gs, 0) + 1
         if n > ZERO_WARMUP and gs._flat:
             tensors = sum(len(spans) for _, spans in gs._flat.values())
             zeroed.append((tensors, sum(buf.numel() * buf.element_size() for buf, _ in gs._flat.values()), seconds))

@@ -10,12 +10,9 @@ import pytest
 from autopar.planner.cost import Curve, ProfileCache
 from autopar.planner.cost.calibration import CALIBRATION_METHOD, STAGING_PARTS, RuntimeCalibration
 from autopar.trainer.calibrate import (IN_SITU_BATCHES, QUICK_SIZES, _interleaved, arrival_noise, calibrate, fit_draw,
-                                      fit_zero,
-                                      fit_intercept,
-                                      fit_optimizer,
-                                      in_situ_job, in_step_curve, issue_curve, message_latencies, message_serial,
-                                      one_way_latencies, receive_posting, send_calls, send_waits, spread,
-                                      staging_curves)
+                                      fit_intercept, fit_optimizer, fit_zero, in_situ_job, in_step_curve, issue_curve,
+                                      message_latencies, message_serial, one_way_latencies, receive_posting, send_calls,
+                                      send_waits, spread, staging_curves)
 
 
 def _monotone_positive(points) -> bool:
