@@ -42,7 +42,8 @@ pass, on both sides.
 Totals: median, 90th percentile and largest absolute error, the mean signed error, Kendall's tau
 over the pairs of one model's strategies whose measured times differ by more than twice their
 CV, and ``searched_vs_best_measured``: the searched plan's measured time over the best measured
-time of its model.  Apart from them, ``residual``: the one factor (measured over
+time of its model (beside it, ``searched_vs_best_resolved``: over the best of the rows measured
+apart from it, `totals`).  Apart from them, ``residual``: the one factor (measured over
 simulated) fitted on the first two models' rows, and the errors it would leave on the other
 two's -- reported, never applied.  And ``machine_speed``: a fixed workload, compute-bound and
 memory-bound, the latter also on two cores at once (`speed_probe`), timed before and after each
@@ -229,15 +230,19 @@ def _measured_row(per_rank: list[list[tuple[float, dict]]]) -> tuple[float, floa
 
 # -- totals ----------------------------------------------------------------------------------------
 
+def resolved(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether rows `a` and `b` measured apart by more than twice the larger of their CVs (relative
+    to the faster): the pairs whose order the measurement tells."""
+    lo = min(a["measured_s"], b["measured_s"])
+    return abs(a["measured_s"] - b["measured_s"]) > 2 * max(a["cv"], b["cv"]) * lo
+
+
 def kendall_tau(rows: list[dict[str, Any]]) -> tuple[float | None, int]:
     """Kendall's tau between simulated and measured order over the pairs of one model's rows whose
-    measured times differ by more than twice their CV (relative to the faster); (tau, pairs)."""
+    measured times differ by more than twice their CV (`resolved`); (tau, pairs)."""
     concordant = discordant = 0
     for a, b in itertools.combinations(rows, 2):
-        if a["model"] != b["model"]:
-            continue
-        lo = min(a["measured_s"], b["measured_s"])
-        if abs(a["measured_s"] - b["measured_s"]) <= 2 * max(a["cv"], b["cv"]) * lo:
+        if a["model"] != b["model"] or not resolved(a, b):
             continue
         same = (a["simulated_s"] - b["simulated_s"]) * (a["measured_s"] - b["measured_s"])
         if same > 0:
@@ -262,18 +267,31 @@ def _error_stats(errs: list[float]) -> dict[str, float]:
 
 
 def totals(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The issue's figures over `rows`, which targets they meet, and what is reported beside them.
+
+    ``searched_vs_best_resolved`` (reported, not a target): per model, the searched plan's
+    measured time over the fastest row that measured faster than it by more than the noise
+    (`resolved`, the rule Kendall's tau counts pairs by), 1.0 where none did; the largest over the
+    models.  Above 1 the search picked a plan the measurement shows to be slower than another.  On
+    the 26 runs kept on the AMD VM by 2026-11-30 the searched plan measured more than 3 % slower
+    than its model's fastest row 17 times, each time within twice the two rows' CVs of it
+    (docs/simulation.md, "Forty-first round")."""
     errs = [r["error"] for r in rows]
     tau, pairs = kendall_tau(rows)
-    searched = {}
+    searched, beaten = {}, {}
     for model in dict.fromkeys(r["model"] for r in rows):
         mine = [r for r in rows if r["model"] == model]
         best = min(r["measured_s"] for r in mine)
         s = next((r for r in mine if r["strategy"] == "searched"), None)
         if s is not None:
             searched[model] = s["measured_s"] / best
+            faster = [r["measured_s"] for r in mine if r["measured_s"] < s["measured_s"] and resolved(r, s)]
+            beaten[model] = s["measured_s"] / min(faster) if faster else 1.0
     out = {**_error_stats(errs), "kendall_tau": tau,
            "kendall_pairs": pairs, "searched_vs_best_measured": max(searched.values()) if searched else None,
-           "searched_vs_best_measured_by_model": searched}
+           "searched_vs_best_measured_by_model": searched,
+           "searched_vs_best_resolved": max(beaten.values()) if beaten else None,
+           "searched_vs_best_resolved_by_model": beaten}
     got = {"median_abs_error": out["median_abs_error"], "p90_abs_error": out["p90_abs_error"],
            "max_abs_error": out["max_abs_error"], "abs_mean_error": abs(out["mean_error"])}
     out["residual"] = residual(rows)
@@ -860,13 +878,15 @@ def print_table(doc: dict[str, Any]) -> None:
     tau = "n/a" if doc["kendall_tau"] is None else f"{doc['kendall_tau']:.2f}"
     searched = doc["searched_vs_best_measured"]
     searched = "n/a" if searched is None else f"{searched:.3f}"
+    beaten = doc.get("searched_vs_best_resolved")
+    beaten = "" if beaten is None else f", against the rows measured apart from it {beaten:.3f}"
     console.print(
         f"median |error| {100 * doc['median_abs_error']:.1f} % (target {100 * t['median_abs_error']:.0f} %), "
         f"p90 {100 * doc['p90_abs_error']:.1f} % ({100 * t['p90_abs_error']:.0f} %), "
         f"max {100 * doc['max_abs_error']:.1f} % ({100 * t['max_abs_error']:.0f} %), "
         f"mean {100 * doc['mean_error']:+.1f} % (|·| {100 * t['abs_mean_error']:.0f} %), "
         f"Kendall tau {tau} over {doc['kendall_pairs']} pairs ({t['kendall_tau']}), "
-        f"searched / best measured {searched} ({t['searched_vs_best_measured']})")
+        f"searched / best measured {searched} ({t['searched_vs_best_measured']}){beaten}")
     during = doc.get("during_steps")
     if during:
         console.print(f"with the ops timed between the steps' blocks (not applied above): median |error| "

@@ -187,7 +187,7 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     `trainer.accuracy.model_levels`; pooled, a model of each run is a model of its own)."""
     t = totals(rows)
     keep = ("median_abs_error", "p90_abs_error", "max_abs_error", "mean_error", "kendall_tau", "kendall_pairs",
-            "searched_vs_best_measured", "met")
+            "searched_vs_best_measured", "searched_vs_best_resolved", "met")
     levels = t["model_levels"]
     return {**{k: t[k] for k in keep}, "rms_error": math.sqrt(statistics.fmean(r["error"] ** 2 for r in rows)),
             "targets_met": sum(t["met"].values()), "at_model_level": levels["held_out"] if levels else None}

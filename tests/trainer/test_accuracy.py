@@ -36,6 +36,20 @@ def test_totals_are_the_issues_figures():
     assert t["searched_vs_best_measured_by_model"] == {"m": 1.0, "n": pytest.approx(1.2)}
     assert t["searched_vs_best_measured"] == pytest.approx(1.2)
     assert t["met"]["searched_vs_best_measured"] is False and t["met"]["median_abs_error"] is False
+    # n's searched plan measured 20 % slower than its data-parallel row, far beyond their 1 % CVs.
+    assert t["searched_vs_best_resolved_by_model"] == {"m": 1.0, "n": pytest.approx(1.2)}
+
+
+def test_searched_vs_best_resolved_leaves_out_the_rows_within_the_noise_of_the_searched_plan():
+    rows = [_row("m", "searched", 1.0, 1.04, cv=0.05), _row("m", "optcnn", 1.0, 1.0, cv=0.05),   # 4 % < 2 CV
+            _row("m", "random-1", 2.0, 2.0),
+            _row("n", "searched", 1.0, 1.1, cv=0.02), _row("n", "expert", 1.1, 1.05, cv=0.02),     # 4.8 % > 2 CV
+            _row("n", "model-parallel", 1.1, 1.0, cv=0.2)]                                       # 10 % < 2 CV
+    t = totals(rows)
+    assert t["searched_vs_best_measured_by_model"] == {"m": pytest.approx(1.04), "n": pytest.approx(1.1)}
+    assert t["searched_vs_best_resolved_by_model"] == {"m": 1.0, "n": pytest.approx(1.1 / 1.05)}
+    assert t["searched_vs_best_resolved"] == pytest.approx(1.1 / 1.05)
+    assert totals([_row("m", "data-parallel", 1.0, 1.0)])["searched_vs_best_resolved"] is None
 
 
 def test_a_step_lasts_as_long_as_its_slowest_rank():
