@@ -206,6 +206,10 @@ def _build_parser(command: str | None = None) -> argparse.ArgumentParser:
     b.add_argument("--rescore", metavar="DIR", nargs="+",
                    help="accuracy: measure nothing; simulate the rows of the runs kept in DIR... again with this "
                         "code, and report each run's totals and all of them pooled, as recorded and now")
+    b.add_argument("--row-profile", choices=("search", "during_steps"),
+                   help="accuracy --rescore: price every kept run's rows with the search's profile or with the ops "
+                        "the training ranks timed between the blocks of the steps, whichever the run priced them "
+                        "with (runs kept since 2026-12-01: during_steps)")
     b.add_argument("--uniform-placements", action="store_true",
                    help="simulator: draw changes with uniformly random device placements instead of the "
                         "search's proposals (random degrees on aligned device blocks, one task moved, or a whole op "
@@ -308,6 +312,9 @@ def _cmd_profile(args) -> int:
 
 def _cmd_bench(args) -> int:
     from ._common import emit_json
+    if args.row_profile and not args.rescore:
+        raise AutoparError("autopar bench: --row-profile prices kept runs again; it is an option of "
+                           "`autopar bench accuracy --rescore DIR...`")
     if (args.keep or args.rescore) and args.which != "accuracy":
         raise AutoparError(f"autopar bench {args.which}: --keep and --rescore are options of `autopar bench "
                            "accuracy`; drop them")
@@ -331,7 +338,7 @@ def _cmd_bench(args) -> int:
         if args.keep or args.quick:
             raise AutoparError("autopar bench accuracy: --rescore measures nothing, so --keep and --quick do not "
                                "apply; drop them, or drop --rescore to measure a new run")
-        doc = rescore(args.rescore, progress=True)
+        doc = rescore(args.rescore, progress=True, row_profile=args.row_profile)
     elif args.which == "accuracy":
         from autopar.trainer.accuracy import print_table, run_accuracy_bench
         doc = run_accuracy_bench(quick=args.quick, progress=True, keep=args.keep)

@@ -37,7 +37,7 @@ from typing import Any, Callable
 from autopar.planner.errors import AutoparError
 
 from .accuracy import (_EXAMPLES, _OPT, DURING_STEPS, LLC, PROFILE, RESULT, ROW_PROFILES, WORLD, KeptRunError,
-                       keep_folder, record, totals)
+                       keep_folder, record, totals, with_cold_of)
 
 
 def _world(doc: dict[str, Any]) -> int:
@@ -77,12 +77,14 @@ def _load(folder: Path) -> tuple[dict[str, Any], Any, dict[str, int]]:
     return doc, cache, methods
 
 
-def _row_costs(folder: Path, doc: dict[str, Any], cache: Any, model: str) -> Any:
-    """The op times a kept run priced `model`'s rows with (``row_profile``, `ROW_PROFILES`): the
-    search's profile, or the ops timed between the steps' blocks, with the run's calibration."""
+def _row_costs(folder: Path, doc: dict[str, Any], cache: Any, model: str, how: str | None = None) -> Any:
+    """The op times a kept run priced `model`'s rows with (``row_profile``, `ROW_PROFILES`), or
+    `how` instead: the search's profile, or the ops timed between the steps' blocks with the
+    search's profile's times with the last-level cache evicted (`with_cold_of`), with the run's
+    calibration."""
     from autopar.planner.cost import ProfileCache
     from autopar.planner.errors import CostModelError
-    how = doc.get("row_profile") or "search"
+    how = how or doc.get("row_profile") or "search"
     if how not in ROW_PROFILES:
         raise KeptRunError(f"{folder / RESULT}: its rows were priced with {how!r}, which this autopar does not know "
                            f"(it knows {', '.join(map(repr, ROW_PROFILES))}); rescore it with the autopar that kept it")
@@ -97,7 +99,7 @@ def _row_costs(folder: Path, doc: dict[str, Any], cache: Any, model: str) -> Any
     except CostModelError as e:
         raise KeptRunError(f"{folder}: {path.name} cannot be read by this autopar ({e}); keep a new run") from e
     costs.put_runtime_of(cache)
-    return costs
+    return with_cold_of(costs, cache)
 
 
 def _cold_costs(folder: Path, doc: dict[str, Any], costs: Any, model: str) -> Any:
@@ -128,10 +130,12 @@ def _kept_runtime(doc: dict[str, Any], runtime: Any) -> Any:
     return replace(runtime, shared_cache_bytes=int(llc))
 
 
-def rescore_run(folder: str | os.PathLike, log: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+def rescore_run(folder: str | os.PathLike, log: Callable[[str], None] = lambda _: None,
+                row_profile: str | None = None) -> dict[str, Any]:
     """One kept run's rows simulated again from its profile with the code as it is now: per row
     the recorded and the new simulated step and error, and both sides' totals
-    (`trainer.accuracy.totals`, over the same measured steps)."""
+    (`trainer.accuracy.totals`, over the same measured steps).  `row_profile` (`ROW_PROFILES`):
+    price the rows with those op times instead of the ones the run priced them with."""
     from autopar.planner.cost import CostModel
     from autopar.planner.hardware import get_preset
     from autopar.planner.ir import ParallelConfig, Strategy, import_spec
@@ -150,7 +154,7 @@ def rescore_run(folder: str | os.PathLike, log: Callable[[str], None] = lambda _
         for m in doc["models"]:
             spec = with_dtype(load_model(m["model"], **m["options"]), None)
             graph = import_spec(spec)
-            costs = _row_costs(folder, doc, cache, graph.name)
+            costs = _row_costs(folder, doc, cache, graph.name, row_profile)
             cost = CostModel(costs, cold=_cold_costs(folder, doc, costs, graph.name)).bind(graph)
             runtime = _kept_runtime(doc, trainer_calibration(topology, cost, graph))
             by_name[graph.name] = (graph, TaskGraphBuilder(graph, topology, cost, _OPT.name, runtime=runtime))
@@ -174,6 +178,7 @@ def rescore_run(folder: str | os.PathLike, log: Callable[[str], None] = lambda _
     recorded = [{**r, "simulated_s": r["recorded_simulated_s"], "error": r["recorded_error"]} for r in rows]
     noise = doc["calibration"].get("arrival_noise") if isinstance(doc["calibration"], dict) else None
     out = {"folder": str(folder), "measured_by": methods, "jitter_sd_1ms_us": (noise or {}).get("jitter_sd_1ms_us"),
+           "row_profile": row_profile or doc.get("row_profile") or "search",
            "rows": rows, "now": _summary(rows), "recorded": _summary(recorded)}
     log(f"{folder}: {len(rows)} rows; median |error| {_pct(out['recorded']['median_abs_error'])} recorded, "
         f"{_pct(out['now']['median_abs_error'])} now; mean {_pct(out['recorded']['mean_error'], True)} recorded, "
@@ -193,16 +198,19 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "targets_met": sum(t["met"].values()), "at_model_level": levels["held_out"] if levels else None}
 
 
-def rescore(folders: list[str | os.PathLike], progress: bool = True) -> dict[str, Any]:
-    """Every kept run in `folders` simulated again (`rescore_run`), and the totals of all their rows
-    pooled, recorded and now; Kendall's tau pooled counts only pairs within one model of one run."""
+def rescore(folders: list[str | os.PathLike], progress: bool = True, row_profile: str | None = None) -> dict[str, Any]:
+    """Every kept run in `folders` simulated again (`rescore_run`, its rows priced as the run priced
+    them or with `row_profile`), and the totals of all their rows pooled, recorded and now;
+    Kendall's tau pooled counts only pairs within one model of one run."""
     def log(msg: str) -> None:
         if progress:
             print(msg, file=sys.stderr, flush=True)
 
     if not folders:
         raise KeptRunError("--rescore: name at least one folder a run was kept in (`autopar bench accuracy --keep`)")
-    runs = [rescore_run(f, log) for f in folders]
+    if row_profile is not None and row_profile not in ROW_PROFILES:
+        raise KeptRunError(f"--row-profile {row_profile!r}: choose one of {', '.join(ROW_PROFILES)}")
+    runs = [rescore_run(f, log, row_profile) for f in folders]
     pooled_now, pooled_recorded = [], []
     for k, run in enumerate(runs):
         for r in run["rows"]:

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from autopar.planner.cost import CostModel, ProfileCache
 from autopar.planner.sim import STEP_PARTS
 from autopar.trainer.accuracy import PROBE_PARTS, _measured_row, kendall_tau, run_accuracy_bench, speed_probe, totals
 from autopar.trainer.rescore import PROFILE, RESULT, KeptRunError, rescore
@@ -111,13 +112,16 @@ def test_a_small_accuracy_run_reports_every_row_and_the_totals(tmp_path):
             seen[key] = r
     assert {"median_abs_error", "p90_abs_error", "max_abs_error", "mean_error", "kendall_tau",
             "searched_vs_best_measured"} <= set(doc)
-    # The rows are priced with the search's profile; with the ops timed between the steps' blocks
-    # they are reported beside it.
-    assert doc["row_profile"] == "search"
+    # The rows are priced with the ops the training ranks timed between the steps' blocks, with the
+    # search's cold times; with the search's profile they are reported beside.
+    assert doc["row_profile"] == "during_steps"
     for r in doc["rows"]:
-        assert r["error_during_steps"] == pytest.approx(r["simulated_during_steps_s"] / r["measured_s"] - 1)
-        assert r["simulated_during_steps_s"] > 0
-    assert doc["during_steps"]["max_abs_error"] >= doc["during_steps"]["median_abs_error"] >= 0
+        assert r["error_search_profile"] == pytest.approx(r["simulated_search_profile_s"] / r["measured_s"] - 1)
+        assert r["simulated_search_profile_s"] > 0
+    assert doc["search_profile"]["max_abs_error"] >= doc["search_profile"]["median_abs_error"] >= 0
+    during = ProfileCache.load(kept / "lenet-during_steps.json", keep_stale=True, host_workers=2)
+    assert CostModel(during).has_cold and len([k for k in during if "cold" in k]) == len(
+        [k for k in ProfileCache.load(kept / PROFILE, keep_stale=True, host_workers=2) if "cold" in k])
     for r in doc["rows"]:   # profiled again after the steps, both ways, and simulated with each
         d = r["diagnosis"]
         assert r["peak_memory_bytes"] > 0
@@ -135,7 +139,7 @@ def test_a_small_accuracy_run_reports_every_row_and_the_totals(tmp_path):
     # the same plan simulated both ways: the simulated step with them is the data-parallel row's.
     sync = doc["model_overheads"]["lenet"]["sync_steps"]
     dp = next(r for r in doc["rows"] if r["strategy"] == "data-parallel")
-    assert sync["simulated_with_s"] == dp["simulated_s"] and sync["steps"] > 0
+    assert sync["simulated_with_s"] == dp["simulated_search_profile_s"] and sync["steps"] > 0
     assert 0 < sync["simulated_without_s"] < sync["simulated_with_s"]
     for how in ("with", "without"):
         assert sync[f"error_{how}"] == pytest.approx(sync[f"simulated_{how}_s"] / sync[f"measured_{how}_s"] - 1)

@@ -149,6 +149,29 @@ def test_rows_priced_with_the_ops_timed_between_the_steps_need_them_kept(tmp_pat
         rescore_run(tmp_path)
 
 
+def test_the_ops_timed_between_the_steps_take_the_search_profiles_cold_times_where_they_have_none():
+    from autopar.planner.cost import ProfileCache
+    from autopar.planner.cost.profile_cache import cold_kind
+    from autopar.trainer.accuracy import with_cold_of
+    warm, cold = "CPU-core (2 per host)|relu|float32|in=4x8|out=4x8|par=|{}", \
+        f"{cold_kind('CPU-core (2 per host)')}|relu|float32|in=4x8|out=4x8|par=|{{}}"
+    search = ProfileCache({warm: (1e-6, 2e-6), cold: (3e-6, 5e-6)})
+    during = with_cold_of(ProfileCache({warm: (1.5e-6, 2.5e-6)}), search)
+    assert during.get(warm) == (1.5e-6, 2.5e-6) and during.get(cold) == (3e-6, 5e-6)   # its warm times stay
+    own = ProfileCache({warm: (1.5e-6, 2.5e-6), cold: (4e-6, 6e-6)})
+    assert with_cold_of(own, search).get(cold) == (4e-6, 6e-6)                         # its own cold times stay
+
+
+def test_a_rescore_prices_with_a_row_profile_it_knows(tmp_path, capsys):
+    with pytest.raises(KeptRunError, match="--row-profile 'after': choose one of search, during_steps"):
+        rescore([tmp_path], progress=False, row_profile="after")
+    _kept_with_row_profile(tmp_path, "search")
+    with pytest.raises(KeptRunError, match="lenet-during_steps.json is missing"):
+        rescore_run(tmp_path, row_profile="during_steps")
+    assert main(["bench", "accuracy", "--row-profile", "search"]) == 2
+    assert "--row-profile prices kept runs again" in capsys.readouterr().err
+
+
 def test_rows_priced_some_unknown_way_are_not_replayed_another(tmp_path):
     _kept_with_row_profile(tmp_path, "the median of three")
     with pytest.raises(KeptRunError, match="priced with 'the median of three', which this autopar does not know"):
