@@ -58,10 +58,12 @@ runs kept on 2026-11-30 and 12-01, each model's level (its rows' mean error in a
 run to run with an sd of 7.3-9.8 points with the search's profile and 4.3-5.0 with the ops timed
 between the blocks, and the runs met 41 and 47 targets in all (docs/simulation.md,
 "Forty-second round").  What the simulator is judged on is how it composes op times into a
-step; the search's choice is judged on the measured side alone.  Apart from them, ``residual``: the one factor (measured over
-simulated) fitted on the first two models' rows, and the errors it would leave on the other
-two's -- reported, never applied.  And ``machine_speed``: a fixed workload, compute-bound and
-memory-bound, the latter also on two cores at once (`speed_probe`), timed before and after each
+step; the search's choice is judged on the measured side alone.
+
+Apart from them, ``residual``: the one factor (measured over simulated) fitted on the first two
+models' rows, and the errors it would leave on the other two's -- reported, never applied.
+And ``machine_speed``: a fixed workload, compute-bound and memory-bound, the latter also on two
+cores at once (`speed_probe`), timed before and after each
 model's profile and its steps, so that a row's error can be read against how much the machine's
 own speed moved between the two -- reported, never applied.  And ``diagnosis`` (``diagnose``, on
 by default): right after its steps, each model is profiled twice more, once as before and once
