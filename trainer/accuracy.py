@@ -53,10 +53,10 @@ workers time them, in the same minutes as the steps and spread over them, with t
 profile's times with the last-level cache evicted (`with_cold_of`).  The rows are simulated with
 the search's profile too (``simulated_search_profile_s``, ``search_profile`` in the totals): what
 `autopar plan` believed, and what a user's `autopar train` compares its steps with.  The two
-differ by how far the machine's speed moved between the profile and the steps: over the fourteen
+differ by how far the machine's speed moved between the profile and the steps: over the sixteen
 runs kept on 2026-11-30 and 12-01, each model's level (its rows' mean error in a run) moved from
-run to run with an sd of 7.3-9.8 points with the search's profile and 4.3-5.0 with the ops timed
-between the blocks, and the runs met 41 and 47 targets in all (docs/simulation.md,
+run to run with an sd of 7.0-9.6 points with the search's profile and 4.3-4.8 with the ops timed
+between the blocks, and the runs met 47 and 53 targets in all (docs/simulation.md,
 "Forty-second round").  What the simulator is judged on is how it composes op times into a
 step; the search's choice is judged on the measured side alone.
 
@@ -604,15 +604,15 @@ def search_profile_totals(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def with_cold_of(costs: Any, profile: Any) -> Any:
-    """`costs` (a `ProfileCache`) given the op times that `profile` measured with the last-level
-    cache evicted (under `cold_kind` products), where it has none of its own: `planner.sim.reuse`
-    prices a step's tasks between their warm time and that cold one.  The ops timed between a
-    model's steps are timed warm only."""
+    """`costs` (a `ProfileCache`) given, for each task it holds, the times that `profile` measured
+    of the same task with the last-level cache evicted (under the `cold_kind` product), where it
+    has none of its own: `planner.sim.reuse` prices a step's tasks between their warm time and
+    that cold one, and the ops timed between a model's steps are timed warm only."""
     from autopar.planner.cost.profile_cache import COLD_SUFFIX
-    if any(COLD_SUFFIX in k.split("|", 1)[0] for k in costs):
-        return costs
-    for key, (forward, backward) in profile.items():
-        if COLD_SUFFIX in key.split("|", 1)[0]:
+    timed = {key.split("|", 1)[1] for key in costs if COLD_SUFFIX not in key.split("|", 1)[0]}
+    for key, (forward, backward) in list(profile.items()):
+        head, _, rest = key.partition("|")
+        if COLD_SUFFIX in head and rest in timed and key not in costs:
             costs.put(key, forward, backward, profile.host(key))
     return costs
 

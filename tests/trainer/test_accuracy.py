@@ -120,8 +120,8 @@ def test_a_small_accuracy_run_reports_every_row_and_the_totals(tmp_path):
         assert r["simulated_search_profile_s"] > 0
     assert doc["search_profile"]["max_abs_error"] >= doc["search_profile"]["median_abs_error"] >= 0
     during = ProfileCache.load(kept / "lenet-during_steps.json", keep_stale=True, host_workers=2)
-    assert CostModel(during).has_cold and len([k for k in during if "cold" in k]) == len(
-        [k for k in ProfileCache.load(kept / PROFILE, keep_stale=True, host_workers=2) if "cold" in k])
+    cold = {k.split("|", 1)[1] for k in during if "cold" in k.split("|", 1)[0]}
+    assert CostModel(during).has_cold and cold <= {k.split("|", 1)[1] for k in during if "cold" not in k}
     for r in doc["rows"]:   # profiled again after the steps, both ways, and simulated with each
         d = r["diagnosis"]
         assert r["peak_memory_bytes"] > 0

@@ -155,9 +155,11 @@ def test_the_ops_timed_between_the_steps_take_the_search_profiles_cold_times_whe
     from autopar.trainer.accuracy import with_cold_of
     warm, cold = "CPU-core (2 per host)|relu|float32|in=4x8|out=4x8|par=|{}", \
         f"{cold_kind('CPU-core (2 per host)')}|relu|float32|in=4x8|out=4x8|par=|{{}}"
-    search = ProfileCache({warm: (1e-6, 2e-6), cold: (3e-6, 5e-6)})
+    other = f"{cold_kind('CPU-core (2 per host)')}|relu|float32|in=8x8|out=8x8|par=|{{}}"
+    search = ProfileCache({warm: (1e-6, 2e-6), cold: (3e-6, 5e-6), other: (7e-6, 9e-6)})
     during = with_cold_of(ProfileCache({warm: (1.5e-6, 2.5e-6)}), search)
     assert during.get(warm) == (1.5e-6, 2.5e-6) and during.get(cold) == (3e-6, 5e-6)   # its warm times stay
+    assert other not in during                                  # a task it did not time is not its to price
     own = ProfileCache({warm: (1.5e-6, 2.5e-6), cold: (4e-6, 6e-6)})
     assert with_cold_of(own, search).get(cold) == (4e-6, 6e-6)                         # its own cold times stay
 
