@@ -53,10 +53,10 @@ workers time them, in the same minutes as the steps and spread over them, with t
 profile's times with the last-level cache evicted (`with_cold_of`).  The rows are simulated with
 the search's profile too (``simulated_search_profile_s``, ``search_profile`` in the totals): what
 `autopar plan` believed, and what a user's `autopar train` compares its steps with.  The two
-differ by how far the machine's speed moved between the profile and the steps: over the sixteen
+differ by how far the machine's speed moved between the profile and the steps: over the seventeen
 runs kept on 2026-11-30 and 12-01, each model's level (its rows' mean error in a run) moved from
-run to run with an sd of 7.0-9.6 points with the search's profile and 4.3-4.8 with the ops timed
-between the blocks, and the runs met 47 and 53 targets in all (docs/simulation.md,
+run to run with an sd of 6.9-10.6 points with the search's profile and 4.2-5.1 with the ops timed
+between the blocks, and the runs met 49 and 54 targets in all (docs/simulation.md,
 "Forty-second round").  What the simulator is judged on is how it composes op times into a
 step; the search's choice is judged on the measured side alone.
 
