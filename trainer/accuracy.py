@@ -608,11 +608,11 @@ def with_cold_of(costs: Any, profile: Any) -> Any:
     of the same task with the last-level cache evicted (under the `cold_kind` product), where it
     has none of its own: `planner.sim.reuse` prices a step's tasks between their warm time and
     that cold one, and the ops timed between a model's steps are timed warm only."""
-    from autopar.planner.cost.profile_cache import COLD_SUFFIX
-    timed = {key.split("|", 1)[1] for key in costs if COLD_SUFFIX not in key.split("|", 1)[0]}
+    from autopar.planner.cost import cold_kind
+    timed = {rest for head, _, rest in (key.partition("|") for key in costs) if cold_kind(head) != head}
     for key, (forward, backward) in list(profile.items()):
         head, _, rest = key.partition("|")
-        if COLD_SUFFIX in head and rest in timed and key not in costs:
+        if cold_kind(head) == head and rest in timed and key not in costs:
             costs.put(key, forward, backward, profile.host(key))
     return costs
 
