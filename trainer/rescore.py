@@ -77,14 +77,12 @@ def _load(folder: Path) -> tuple[dict[str, Any], Any, dict[str, int]]:
     return doc, cache, methods
 
 
-def _row_costs(folder: Path, doc: dict[str, Any], cache: Any, model: str, how: str | None = None) -> Any:
-    """The op times a kept run priced `model`'s rows with (``row_profile``, `ROW_PROFILES`), or
-    `how` instead: the search's profile, or the ops timed between the steps' blocks with the
-    search's profile's times with the last-level cache evicted (`with_cold_of`), with the run's
-    calibration."""
+def _row_costs(folder: Path, doc: dict[str, Any], cache: Any, model: str, how: str) -> Any:
+    """The op times `how` (`ROW_PROFILES`) prices `model`'s rows of a kept run with: the search's
+    profile, or the ops timed between the steps' blocks with the search's profile's times with the
+    last-level cache evicted (`with_cold_of`), with the run's calibration."""
     from autopar.planner.cost import ProfileCache
     from autopar.planner.errors import CostModelError
-    how = how or doc.get("row_profile") or "search"
     if how not in ROW_PROFILES:
         raise KeptRunError(f"{folder / RESULT}: its rows were priced with {how!r}, which this autopar does not know "
                            f"(it knows {', '.join(map(repr, ROW_PROFILES))}); rescore it with the autopar that kept it")
@@ -145,6 +143,7 @@ def rescore_run(folder: str | os.PathLike, log: Callable[[str], None] = lambda _
     from .parts import furthest_off, simulate_parts
     folder = Path(folder).expanduser()
     doc, cache, methods = _load(folder)
+    how = row_profile or doc.get("row_profile") or "search"      # as the run priced them, without one
     if str(_EXAMPLES) not in sys.path:
         sys.path.append(str(_EXAMPLES))        # the user's model, as the benchmark loads it
     topology = get_preset(f"local:{_world(doc)}")
@@ -154,7 +153,7 @@ def rescore_run(folder: str | os.PathLike, log: Callable[[str], None] = lambda _
         for m in doc["models"]:
             spec = with_dtype(load_model(m["model"], **m["options"]), None)
             graph = import_spec(spec)
-            costs = _row_costs(folder, doc, cache, graph.name, row_profile)
+            costs = _row_costs(folder, doc, cache, graph.name, how)
             cost = CostModel(costs, cold=_cold_costs(folder, doc, costs, graph.name)).bind(graph)
             runtime = _kept_runtime(doc, trainer_calibration(topology, cost, graph))
             by_name[graph.name] = (graph, TaskGraphBuilder(graph, topology, cost, _OPT.name, runtime=runtime))
@@ -178,7 +177,7 @@ def rescore_run(folder: str | os.PathLike, log: Callable[[str], None] = lambda _
     recorded = [{**r, "simulated_s": r["recorded_simulated_s"], "error": r["recorded_error"]} for r in rows]
     noise = doc["calibration"].get("arrival_noise") if isinstance(doc["calibration"], dict) else None
     out = {"folder": str(folder), "measured_by": methods, "jitter_sd_1ms_us": (noise or {}).get("jitter_sd_1ms_us"),
-           "row_profile": row_profile or doc.get("row_profile") or "search",
+           "row_profile": how,
            "rows": rows, "now": _summary(rows), "recorded": _summary(recorded)}
     log(f"{folder}: {len(rows)} rows; median |error| {_pct(out['recorded']['median_abs_error'])} recorded, "
         f"{_pct(out['now']['median_abs_error'])} now; mean {_pct(out['recorded']['mean_error'], True)} recorded, "

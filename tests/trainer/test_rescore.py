@@ -150,8 +150,7 @@ def test_rows_priced_with_the_ops_timed_between_the_steps_need_them_kept(tmp_pat
 
 
 def test_the_ops_timed_between_the_steps_take_the_search_profiles_cold_times_where_they_have_none():
-    from autopar.planner.cost import ProfileCache
-    from autopar.planner.cost.profile_cache import cold_kind
+    from autopar.planner.cost import ProfileCache, cold_kind
     from autopar.trainer.accuracy import with_cold_of
     warm, cold = "CPU-core (2 per host)|relu|float32|in=4x8|out=4x8|par=|{}", \
         f"{cold_kind('CPU-core (2 per host)')}|relu|float32|in=4x8|out=4x8|par=|{{}}"
