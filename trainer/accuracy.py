@@ -101,6 +101,7 @@ from .errors import PlanRefusedError
 from .launch import run_local
 from .optim import OptimizerConfig
 from .parts import furthest_off, measured_parts, simulate_parts
+from .retime import with_cold_of
 from .session import Trainer
 from .train import Job, TrainConfig
 from .validate import check_plan
@@ -601,20 +602,6 @@ def search_profile_totals(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
                      "steps in `autopar profile`'s workers; reported beside the rows, which are priced with the ops "
                      "the training ranks timed between the blocks of their steps",
             **_error_stats([r["error_search_profile"] for r in rows])}
-
-
-def with_cold_of(costs: Any, profile: Any) -> Any:
-    """`costs` (a `ProfileCache`) given, for each task it holds, the times that `profile` measured
-    of the same task with the last-level cache evicted (under the `cold_kind` product), where it
-    has none of its own: `planner.sim.reuse` prices a step's tasks between their warm time and
-    that cold one, and the ops timed between a model's steps are timed warm only."""
-    from autopar.planner.cost import cold_kind
-    timed = {rest for head, _, rest in (key.partition("|") for key in costs) if cold_kind(head) != head}
-    for key, (forward, backward) in list(profile.items()):
-        head, _, rest = key.partition("|")
-        if cold_kind(head) == head and rest in timed and key not in costs:
-            costs.put(key, forward, backward, profile.host(key))
-    return costs
 
 
 def mean_arrival_totals(rows: list[dict[str, Any]]) -> dict[str, Any] | None:

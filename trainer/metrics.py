@@ -6,7 +6,8 @@
   synchronization and optimizer step on rank 0);
 - ``autopar_trainer_steps_total`` — counter of finished steps;
 - ``autopar_trainer_loss`` and ``autopar_trainer_samples_per_second`` — gauges of the last step;
-- ``autopar_trainer_predicted_step_seconds`` — the plan's simulated step time, for comparison.
+- ``autopar_trainer_predicted_step_seconds`` — the plan's simulated step time, for comparison
+  (under ``--retime``, priced again after each pass over the plan's ops: `trainer.retime`).
 
 ``--metrics-port P`` serves them over HTTP (``prometheus_client.start_http_server``) on
 ``--metrics-addr`` (default ``$AUTOPAR_METRICS_ADDR``, else 127.0.0.1: a pod sets 0.0.0.0 so that
@@ -107,10 +108,10 @@ class StepMetrics:
         self.loss = Gauge("autopar_trainer_loss", "loss of the last step", names, registry=self.registry).labels(**labels)
         self.throughput = Gauge("autopar_trainer_samples_per_second", "samples per second of the last step", names,
                                 registry=self.registry).labels(**labels)
-        predicted_g = Gauge("autopar_trainer_predicted_step_seconds", "the plan's simulated step time", names,
-                            registry=self.registry).labels(**labels)
+        self.predicted = Gauge("autopar_trainer_predicted_step_seconds", "the plan's simulated step time", names,
+                               registry=self.registry).labels(**labels)
         if predicted is not None:
-            predicted_g.set(predicted)
+            self.predicted.set(predicted)
         self.port: int | None = None
         self.addr: str | None = None
         self._server = None
@@ -120,11 +121,13 @@ class StepMetrics:
             self._server = server
             self.port = server.server_address[1]
         self.losses: list[float] = []
-        self.traced: list[bool] = []
+        self.counted: list[bool] = []
 
-    def record(self, seconds: float, loss: float, samples: int, traced: bool = False, step: int | None = None) -> None:
+    def record(self, seconds: float, loss: float, samples: int, traced: bool = False, step: int | None = None,
+               settling: bool = False) -> None:
         """One finished step (`step`: its number from the start of training, 1-based); a `traced`
-        step (under torch.profiler) is kept out of `untraced_times`."""
+        step (under torch.profiler) and a `settling` one (right after `autopar train --retime` timed
+        the plan's ops, `trainer.retime`) are kept out of `counted_times`."""
         self.step_seconds.observe(seconds)
         self.steps.inc()
         self.step.set(step if step is not None else len(self.times) + 1)
@@ -132,15 +135,16 @@ class StepMetrics:
         self.throughput.set(samples / seconds if seconds > 0 else 0.0)
         self.times.append(seconds)
         self.losses.append(loss)
-        self.traced.append(traced)
+        self.counted.append(not (traced or settling))
 
-    def untraced_times(self) -> list[float]:
-        """Step times without the profiler's overhead (all of them when nothing was traced)."""
-        return [t for t, tr in zip(self.times, self.traced) if not tr]
+    def counted_times(self) -> list[float]:
+        """Step times without the profiler's overhead or a retiming pass's aftermath (all of them when
+        nothing was traced or retimed)."""
+        return [t for t, c in zip(self.times, self.counted) if c]
 
     def cv(self) -> float | None:
-        """Coefficient of variation (stdev / mean) of the untraced steps after the first."""
-        times = (self.untraced_times() or self.times)[1:]
+        """Coefficient of variation (stdev / mean) of the counted steps (`counted_times`) after the first."""
+        times = (self.counted_times() or self.times)[1:]
         if len(times) < 2:
             return None
         mean = statistics.fmean(times)

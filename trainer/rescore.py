@@ -37,7 +37,8 @@ from typing import Any, Callable
 from autopar.planner.errors import AutoparError
 
 from .accuracy import (_EXAMPLES, _OPT, DURING_STEPS, LLC, PROFILE, RESULT, ROW_PROFILES, WORLD, KeptRunError,
-                       keep_folder, record, totals, with_cold_of)
+                       keep_folder, record, totals)
+from .retime import with_cold_of
 
 
 def _world(doc: dict[str, Any]) -> int:

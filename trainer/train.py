@@ -90,6 +90,7 @@ class TrainConfig:
     checkpoint_final: bool = False       # also checkpoint after the last step (with checkpoint_dir)
     graceful_stop: bool = False          # SIGINT/SIGTERM: finish the step, checkpoint, stop (one all-reduce per step)
     progress: bool = False               # rank 0 draws a progress bar on stderr instead of a line per step
+    retime: bool = False                 # price the plan again with its ops timed in the ranks (trainer.retime)
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -124,6 +125,8 @@ class Job:
     #: The simulated step's parts on its busiest device (`planner.sim.step_parts`); for a plan
     #: file, only where simulating it again gives the step it records (`PLAN_FILE_PARTS_TOLERANCE`).
     predicted_parts: dict[str, float] | None = None
+    #: The topology the plan is simulated on (`--topology`, default ``local:<world>``).
+    topology: Any = None
 
 
 #: A plan file records its predicted step and not its parts; they are simulated again for the
@@ -144,6 +147,9 @@ def prepare(cfg: TrainConfig, world: int, check: bool = True) -> Job:
     strategy = resolve_strategy(cfg.strategy, graph, topology, spec.options)
     if check:
         check_plan(graph, strategy, world, spec.module)
+    if cfg.retime:
+        from .retime import check_retime
+        check_retime(topology, world, pick_backend(cfg.device)[1])
     predicted, note = _plan_file_prediction(cfg.strategy)
     simulated, sim_note, parts = predict(graph, topology, strategy, cfg)
     if predicted is None:
@@ -151,7 +157,7 @@ def prepare(cfg: TrainConfig, world: int, check: bool = True) -> Job:
     elif simulated is None or abs(simulated / predicted - 1.0) > PLAN_FILE_PARTS_TOLERANCE:
         # The plan file's number came from another profile: these parts would not add up to it.
         parts = None
-    return Job(cfg, spec, graph, strategy, predicted, note, parts)
+    return Job(cfg, spec, graph, strategy, predicted, note, parts, topology)
 
 
 
@@ -258,10 +264,19 @@ def rank_main(rank: int, world: int, job: Job, device_kind: str = "cpu") -> dict
     stop = _StopRequest(trainer.world_group, trainer.device) if cfg.graceful_stop else None
     bar = _ProgressBar(cfg.steps, start) if cfg.progress and rank == 0 else None
     stopped_at = stop_signal = None
-    phased: list[tuple[float, dict]] = []     # untraced steps: (seconds, the runtime's phases)
+    phased: list[tuple[float, dict]] = []     # counted steps: (seconds, the runtime's phases)
+    retimer = None
+    if cfg.retime:
+        from .retime import Retimer
+        retimer = Retimer(job, rank, world, trainer.world_group, start)
     try:
         for step in range(start, cfg.steps):
             _maybe_fault(rank, step)
+            if retimer is not None and retimer.due(step):
+                priced = retimer.run(step)
+                if metrics is not None and priced is not None:
+                    metrics.predicted.set(priced)
+            settling = retimer is not None and retimer.settling(step)
             traced = tracer is not None and tracer.traced(step)
             trainer.runtime.annotate = traced
             with tracer.step(step) if traced else _NO_TRACE:
@@ -272,16 +287,17 @@ def rank_main(rank: int, world: int, job: Job, device_kind: str = "cpu") -> dict
                     # GPU-bound step would count only the host's launches
                     torch.cuda.synchronize(trainer.device)
                 seconds = time.perf_counter() - t0
-            if not traced:
+            if not (traced or settling):
                 phased.append((seconds, dict(trainer.runtime.phases)))
             loss = trainer.global_loss(local)
             if metrics is not None:
-                metrics.record(seconds, loss, batch, traced=traced, step=step + 1)
+                metrics.record(seconds, loss, batch, traced=traced, step=step + 1, settling=settling)
                 if bar is not None:
                     bar.advance(loss, seconds)
                 elif cfg.log:
                     print(f"step {step + 1}/{cfg.steps}  loss {loss:.6f}  {seconds * 1e3:.1f} ms  "
-                          f"{batch / seconds:.1f} samples/s" + ("  (traced)" if traced else ""),
+                          f"{batch / seconds:.1f} samples/s" + ("  (traced)" if traced else "")
+                          + ("  (after retiming)" if settling else ""),
                           file=sys.stderr, flush=True)
             if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0:
                 path = trainer.save(cfg.checkpoint_dir)
@@ -303,26 +319,35 @@ def rank_main(rank: int, world: int, job: Job, device_kind: str = "cpu") -> dict
                     saved.append(path)
         if bar is not None:
             bar.close()
-        trace_file = _write_trace(cfg, job, tracer, rank, world, trainer.world_group)
+        trace_file = _write_trace(cfg, job, tracer, rank, world, trainer.world_group,
+                                  retimer.predicted if retimer is not None and retimer.predicted else job.predicted)
         parts = _measured_parts(phased, rank, world, trainer)
         if metrics is None:
             return None
         if linger > 0 and not metrics.wait_scraped(linger):
             print(f"autopar train: the metrics on port {metrics.port} were not scraped within {linger:g} s after "
                   f"the last step; whoever scrapes them missed the last steps", file=sys.stderr, flush=True)
-        med = median_step(metrics.untraced_times() or metrics.times)
-        error = (job.predicted / med - 1.0) if job.predicted and med else None
+        med = median_step(metrics.counted_times() or metrics.times)
+        predicted, note, predicted_parts = job.predicted, job.predicted_note, job.predicted_parts
+        if retimer is not None and retimer.predicted is not None:
+            predicted, note, predicted_parts = retimer.predicted, retimer.note(), retimer.parts
+        elif retimer is not None and retimer.failed:
+            note += f"; --retime could not price the plan ({'; '.join(retimer.failed.values())})"
+        error = (predicted / med - 1.0) if predicted and med else None
         return {
             "model": job.graph.name, "strategy": job.strategy.name, "nproc": world, "backend": dist.get_backend(),
             "steps": cfg.steps, "resumed_from_step": start if cfg.resume else None,
             "global_batch": batch, "dtype": cfg.dtype or _model_dtype(job.graph),
             "optimizer": cfg.optimizer.to_dict(),
             "step_seconds": metrics.times, "losses": metrics.losses,
-            "measured_step_s": med, "measured_cv": metrics.cv(), "predicted_step_s": job.predicted,
-            "prediction_error": error, "prediction": job.predicted_note,
-            "predicted_parts_s": job.predicted_parts, "measured_parts_s": parts[1] if parts else None,
+            "measured_step_s": med, "measured_cv": metrics.cv(), "predicted_step_s": predicted,
+            "prediction_error": error, "prediction": note,
+            "planned_step_s": job.predicted,
+            "planned_prediction_error": (job.predicted / med - 1.0) if job.predicted and med else None,
+            "retime": retimer.summary() if retimer is not None else None,
+            "predicted_parts_s": predicted_parts, "measured_parts_s": parts[1] if parts else None,
             "measured_parts_rank": parts[0] if parts else None,
-            "furthest_off": furthest_off(job.predicted_parts, parts[1]) if parts and job.predicted_parts else None,
+            "furthest_off": furthest_off(predicted_parts, parts[1]) if parts and predicted_parts else None,
             "traced_steps": [s + 1 for s in range(start, cfg.steps) if tracer is not None and tracer.traced(s)],
             "trace": trace_file,
             "samples_per_second": batch / med if med else None,
@@ -449,8 +474,10 @@ def _tracer(cfg: TrainConfig, start: int, device_kind: str) -> StepTracer | None
     return StepTracer(first, min(cfg.trace_steps, cfg.steps - first), device_kind)
 
 
-def _write_trace(cfg: TrainConfig, job: Job, tracer: StepTracer | None, rank: int, world: int, group) -> str | None:
-    """Gather every rank's traced events on rank 0 and write them as one file; every rank calls it."""
+def _write_trace(cfg: TrainConfig, job: Job, tracer: StepTracer | None, rank: int, world: int, group,
+                 predicted: float | None) -> str | None:
+    """Gather every rank's traced events on rank 0 and write them as one file, with the `predicted`
+    step; every rank calls it."""
     if tracer is None:
         return None
     from autopar.planner.hardware import resolve_topology
@@ -466,7 +493,7 @@ def _write_trace(cfg: TrainConfig, job: Job, tracer: StepTracer | None, rank: in
     except Exception:  # noqa: BLE001 - names are cosmetic; the trace itself matters
         names = [f"rank {r}" for r in range(world)]
     doc = merge_traces(per_rank, names, {"model": job.graph.name, "strategy": job.strategy.name,
-                                         "predicted_step_seconds": job.predicted})
+                                         "predicted_step_seconds": predicted})
     atomic_write(cfg.trace, lambda f: json.dump(doc, f))
     return cfg.trace
 
@@ -578,6 +605,14 @@ def format_summary(summary: dict) -> str:
              f"measured step {med * 1e3:.1f} ms{spread} (median; {summary['samples_per_second']:.1f} samples/s)",
              (f"predicted step {pred * 1e3:.1f} ms ({summary['prediction']}); prediction error {100 * err:+.1f} %"
               if pred and err is not None else summary["prediction"])]
+    planned, retime = summary.get("planned_step_s"), summary.get("retime")
+    if retime:
+        own = summary.get("planned_prediction_error")
+        lines.append(f"the plan's own prediction {planned * 1e3:.1f} ms ({100 * own:+.1f} %)"
+                     if planned and own is not None else "the plan had no prediction of its own")
+        lines.append(f"retimed: {retime['timed']} of {retime['tasks']} task(s) timed in "
+                     f"{len(retime['passes_before_steps'])} pass(es), {retime['seconds']:.1f} s; the "
+                     f"{retime['settle_steps']} step(s) after each pass are left out of the median")
     sim, meas = summary.get("predicted_parts_s"), summary.get("measured_parts_s")
     if sim and meas:
         lines.append(f"parts of the step on rank {summary['measured_parts_rank']}, predicted / measured (ms): "
@@ -638,6 +673,11 @@ def add_train_args(p) -> None:
     p.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu")
     p.add_argument("--bucket-mb", type=float, default=DEFAULT_BUCKET_BYTES / (1 << 20),
                    help="gradient all-reduce bucket size")
+    p.add_argument("--retime", action="store_true",
+                   help="CPU ranks: time the plan's ops in the ranks themselves, after the first step and up to "
+                        "twice more during the run, and price the predicted step with those times (the profile "
+                        "cache's were taken earlier, in other processes); the two steps after each pass are left "
+                        "out of the median")
     p.add_argument("--trace", metavar="FILE.json",
                    help="profile steps on every rank (torch.profiler) and write them as one Chrome trace-event "
                         "file (ui.perfetto.dev); traced steps are left out of the measured median")

@@ -151,7 +151,7 @@ def test_rows_priced_with_the_ops_timed_between_the_steps_need_them_kept(tmp_pat
 
 def test_the_ops_timed_between_the_steps_take_the_search_profiles_cold_times_where_they_have_none():
     from autopar.planner.cost import ProfileCache, cold_kind
-    from autopar.trainer.accuracy import with_cold_of
+    from autopar.trainer.retime import with_cold_of
     warm, cold = "CPU-core (2 per host)|relu|float32|in=4x8|out=4x8|par=|{}", \
         f"{cold_kind('CPU-core (2 per host)')}|relu|float32|in=4x8|out=4x8|par=|{{}}"
     other = f"{cold_kind('CPU-core (2 per host)')}|relu|float32|in=8x8|out=8x8|par=|{{}}"

@@ -1,0 +1,223 @@
+"""`autopar train --retime`: the plan's step priced again with its ops timed in the training ranks.
+
+A plan's prediction comes from the profile cache `autopar profile` filled, minutes or days before
+the run, in other processes.  How fast a machine runs an op moves in between: on the 2-vCPU VM of
+the accuracy benchmark, the ops the two training ranks timed between the blocks of their own
+steps priced 459 rows at a median error of 5.1 % against 6.3 % with the search's profile, and
+each model's level (its rows' mean error in one run) moved from run to run with an sd of
+4.2-5.1 points against 6.9-10.6 (docs/simulation.md, "Forty-second round").
+
+``--retime`` does the same in a user's run.  `PASSES` times (`schedule`: after the first step,
+then spread over the rest of the run) every rank stops before a step and times the plan's own
+tasks (`plan_items`) in lockstep with the others (`planner.cost.lockstep_task`, as `autopar
+profile`'s workers time them).  Rank 0 gathers the passes and stores them as `autopar profile`
+stores its workers' (`planner.cost.store_lockstep_passes`: per pass the median over the ranks,
+per task the median of its passes), into a cache with the profile cache's runtime calibration
+and its op times with the last-level cache evicted (`with_cold_of`); a task no pass could time
+keeps the profile's time.  Then it simulates the plan again (`price`).  After every pass the
+summary's ``predicted_step_s`` and the ``autopar_trainer_predicted_step_seconds`` gauge (which
+the operator's status and dashboard show) take the new price; the plan's own stays in
+``planned_step_s``.  The `SETTLE` steps after a pass start in caches the pass filled with other
+data, so they are left out of the measured median, as traced steps are.
+
+The times are the plan's ops', one op at a time, composed into a step by the simulator as
+before: nothing is fitted to the measured steps.  The passes time the CPU (`lockstep_task`), so
+``--retime`` is for CPU ranks on their ``local:N`` topology; on a GPU, `autopar profile` times
+the kernels.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .errors import TrainerConfigError
+from .parts import simulate_parts
+
+#: Passes over the plan's tasks in one run (`schedule`); the accuracy benchmark times three.
+PASSES = 3
+#: Steps after a pass left out of the measured median: their caches hold the pass's data.
+SETTLE = 2
+#: How each pass times a task: as the accuracy benchmark's ranks do between their blocks.
+REPEATS, WARMUP, BUDGET_S = 5, 2, 2.0
+
+
+def schedule(start: int, steps: int, passes: int = PASSES) -> list[int]:
+    """The steps (0-based, counted from the start of training) before which a pass runs, in a run
+    from step `start` to `steps`: after the run's first step (allocation and warm-up), then spread
+    evenly over the rest.  A short run times fewer passes, so that most of its steps still count:
+    one per `SETTLE` + 3 steps after the first, at least one; none in a run of fewer than two."""
+    n = steps - start
+    if n < 2:
+        return []
+    passes = max(1, min(passes, (n - 1) // (SETTLE + 3)))
+    return sorted({start + 1 + k * (n - 1) // passes for k in range(passes)})
+
+
+def settling(at: list[int], step: int) -> bool:
+    """Whether `step` is one of the `SETTLE` steps right after a pass."""
+    return any(p <= step < p + SETTLE for p in at)
+
+
+def plan_items(graph: Any, strategy: Any, kind: str) -> list[tuple[str, str, tuple[int, ...]]]:
+    """(task key, op name, degrees) of every distinct task of `strategy`'s ops, as
+    `planner.cost.profile_items` lists a model's; ops without inputs (the data) have none."""
+    from autopar.planner.cost import graph_input_shapes, task_key
+    seen: dict[str, tuple[str, str, tuple[int, ...]]] = {}
+    for op in graph.ops:
+        if not op.inputs:
+            continue
+        degrees = tuple(strategy[op.name].degrees)
+        key = task_key(op, degrees, kind, graph_input_shapes(graph, op))
+        seen.setdefault(key, (key, op.name, degrees))
+    return list(seen.values())
+
+
+def with_cold_of(costs: Any, profile: Any) -> Any:
+    """`costs` (a `ProfileCache`) given, for each task it holds, the times that `profile` measured
+    of the same task with the last-level cache evicted (under the `cold_kind` product), where it
+    has none of its own: `planner.sim.reuse` prices a step's tasks between their warm time and
+    that cold one, and the ops timed between a model's steps are timed warm only."""
+    from autopar.planner.cost import cold_kind
+    timed = {rest for head, _, rest in (key.partition("|") for key in costs) if cold_kind(head) != head}
+    for key, (forward, backward) in list(profile.items()):
+        head, _, rest = key.partition("|")
+        if cold_kind(head) == head and rest in timed and key not in costs:
+            costs.put(key, forward, backward, profile.host(key))
+    return costs
+
+
+def price(graph: Any, topology: Any, strategy: Any, optimizer: str, profile: Any,
+          items: list[tuple[str, str, tuple[int, ...]]], per_rank: list, kind: str) -> tuple[float, Any, Any]:
+    """(simulated step, its parts on the busiest device, the `ProfileReport` of the passes) of
+    `strategy`, its tasks priced with the passes the ranks timed (`per_rank[r][n]`: rank r's
+    timings of item n, one per pass), the rest as `profile` (the run's profile cache) has them."""
+    from autopar.planner.cost import CostModel, ProfileCache, store_lockstep_passes
+    from autopar.planner.sim import TaskGraphBuilder
+    costs = ProfileCache()
+    costs.put_runtime_of(profile)
+    report = store_lockstep_passes(graph, items, per_rank, costs, kind)
+    for key, _, _ in items:
+        if key not in costs and (known := profile.get(key)) is not None:
+            costs.put(key, *known, profile.host(key))
+    with_cold_of(costs, profile)
+    builder = TaskGraphBuilder(graph, topology, CostModel(costs).bind(graph), optimizer)
+    seconds, parts, _ = simulate_parts(builder, strategy, barrier=False)   # its steps run back to back
+    return seconds, parts, report
+
+
+def check_retime(topology: Any, world: int, device_kind: str) -> None:
+    """Refuse ``--retime`` where it cannot price the plan, before any rank starts: on CUDA ranks, or
+    on a topology that does not describe this machine's CPU ranks."""
+    if device_kind != "cpu":
+        raise TrainerConfigError("--retime times the plan's ops on the ranks' CPUs; on a GPU, leave it out and "
+                                 "let `autopar profile` time the kernels")
+    if not all(d.is_cpu for d in topology.devices) or topology.num_devices != world:
+        raise TrainerConfigError(f"--retime prices the plan on this machine's {world} CPU rank(s), and the topology "
+                                 f"{topology.name!r} describes other devices; leave out --topology (local:{world})")
+
+
+@dataclass
+class Retimer:
+    """One rank's part of ``--retime`` (module docstring); rank 0 also prices the plan."""
+
+    job: Any                        # trainer.train.Job, with its topology
+    rank: int
+    world: int
+    group: Any                      # the world's process group
+    start: int                      # the run's first step
+    at: list[int] = field(init=False)
+    items: list = field(init=False)
+    kind: str = field(init=False)
+    per_rank: list = field(init=False, default_factory=list)   # rank 0: per rank, per item, its passes
+    passes: list[int] = field(init=False, default_factory=list)  # the steps (0-based) passes ran before
+    seconds: float = 0.0            # this rank's time in the passes
+    predicted: float | None = None  # rank 0: the latest price
+    parts: dict | None = None
+    timed: int = 0                  # rank 0: tasks the passes timed
+    failed: dict = field(init=False, default_factory=dict)   # rank 0: task key -> why no pass timed it
+
+    def __post_init__(self) -> None:
+        from autopar.planner.cost import kind_of
+        self.at = schedule(self.start, self.job.config.steps)
+        self.kind = kind_of(self.job.topology.devices[0])
+        self.items = plan_items(self.job.graph, self.job.strategy, self.kind)
+        self.per_rank = [[[] for _ in self.items] for _ in range(self.world)]
+        self._overhead = None
+        self._profile = None
+
+    def settling(self, step: int) -> bool:
+        return settling(self.passes, step)
+
+    def due(self, step: int) -> bool:
+        return step in self.at
+
+    def run(self, step: int) -> float | None:
+        """Time one pass before `step` on every rank (all must call it); rank 0 prices the plan and
+        returns the new step time (None elsewhere, or where it could not be simulated)."""
+        from autopar.planner.cost import engine_overhead, lockstep_task
+        t0 = time.perf_counter()
+        sync = (lambda: dist.barrier(group=self.group)) if self.world > 1 else (lambda: None)
+        with torch.random.fork_rng(devices=[]):     # the run's own random stream goes on as without a pass
+            if self._overhead is None:
+                self._overhead = engine_overhead(torch.device("cpu"))
+            mine = []
+            for item in self.items:
+                hot: list[float] = []
+                mine.append((*lockstep_task(self.job.graph, self.job.spec.module, self.kind, item, sync,
+                                            repeats=REPEATS, warmup=WARMUP, budget=BUDGET_S,
+                                            overhead=self._overhead, hot=hot), *hot))
+        got: list = [None] * self.world if self.rank == 0 else None
+        if self.world > 1:
+            dist.gather_object(mine, got, dst=0, group=self.group)
+        else:
+            got = [mine]
+        self.passes.append(step)
+        self.seconds += time.perf_counter() - t0
+        if self.rank != 0:
+            return None
+        for r, timings in enumerate(got):
+            for n, t in enumerate(timings):
+                self.per_rank[r][n].append(t)
+        return self._price()
+
+    def _price(self) -> float | None:
+        from autopar.planner.cost import ProfileCache, default_cache_path
+        cfg = self.job.config
+        try:
+            if self._profile is None:
+                self._profile = ProfileCache.load(cfg.profile_cache or default_cache_path())
+            seconds, parts, report = price(self.job.graph, self.job.topology, self.job.strategy,
+                                           cfg.optimizer.name, self._profile, self.items, self.per_rank, self.kind)
+        except Exception as e:  # noqa: BLE001 - the run goes on with the plan's prediction, and says why
+            self.failed = {"*": f"{type(e).__name__}: {e}"}
+            return None
+        self.predicted, self.parts = seconds, parts
+        self.timed = len(report.measured)
+        self.failed = {f"{op} {tuple(degrees)}": why for op, degrees, why in report.skipped}
+        return seconds
+
+    def note(self) -> str:
+        """How the latest price was made, for the summary's ``prediction``."""
+        steps = ", ".join(str(s + 1) for s in self.passes)
+        head = (f"simulated on {self.job.topology.name} with the plan's {len(self.items)} task(s) timed in these "
+                f"ranks before step(s) {steps}")
+        if self.failed:
+            head += (f"; {len(self.failed)} not timed, priced from the profile cache ("
+                     + "; ".join(f"{k}: {v}" for k, v in list(self.failed.items())[:2]) + ")")
+        if self._profile is not None and self._profile.calibration(self.job.topology.devices[0].product, "gloo",
+                                                                   self.world) is None:
+            head += (f"; the runtime's own costs are defaults, not measured: `autopar profile --model "
+                     f"{self.job.config.model} --topology local:{self.world}` measures them")
+        return head
+
+    def summary(self) -> dict[str, Any]:
+        """The JSON summary's ``retime``: steps are 1-based, as the summary's ``traced_steps``."""
+        last = self.job.config.steps
+        return {"passes_before_steps": [s + 1 for s in self.passes], "tasks": len(self.items), "timed": self.timed,
+                "not_timed": self.failed, "seconds": self.seconds, "settle_steps": SETTLE,
+                "settling_steps": [s + 1 for s in range(self.start, last) if self.settling(s)]}
