@@ -62,6 +62,10 @@ def _build_parser(command: str | None = None) -> argparse.ArgumentParser:
                    help="measure the runtime calibration of local:N, and the runtime's work per op in the model's "
                         "steps, again")
     r.add_argument("--metrics-port", type=int, metavar="P", help="serve the trainer's Prometheus metrics on P")
+    r.add_argument("--retime", action="store_true",
+                   help="price the plan again with its ops timed in the training ranks (autopar train --retime): "
+                        "the report's simulated step, and its prediction error, are that price; the search's stays "
+                        "beside as planned_step_s")
     r.add_argument("--json", action="store_true",
                    help="the report as JSON on stdout (progress and the short report go to stderr)")
     r.set_defaults(func=_cmd_run)
@@ -241,7 +245,7 @@ def _cmd_run(args) -> int:
                            f"`kubectl apply -f {args.job}` with the autopar operator installed")
     doc, status = run_job(args.job, run_dir=args.run_dir, compare=args.compare, profile_cache=args.profile_cache,
                           recalibrate=args.recalibrate, profile=not args.no_profile, metrics_port=args.metrics_port,
-                          resume=args.resume)
+                          resume=args.resume, retime=args.retime)
     if args.json:
         print(format_report(doc), file=sys.stderr)   # people read stderr; programs read the JSON
         emit_json(doc)

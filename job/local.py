@@ -91,9 +91,12 @@ class _Ui:
 def run_job(path: str | Path, *, run_dir: str | Path | None = None, compare: bool = False,
             profile_cache: str | Path | None = None, recalibrate: bool = False, profile: bool = True,
             metrics_port: int | None = None, progress: bool = True,
-            resume: str | Path | None = None) -> tuple[dict[str, Any], int]:
+            resume: str | Path | None = None, retime: bool = False) -> tuple[dict[str, Any], int]:
     """Run the job of manifest `path` here; returns (report, exit status: 0, or 130/143 when Ctrl-C
     or SIGTERM stopped it).
+
+    `retime`: the trainings price their plans again with their ops timed in the ranks
+    (`autopar.trainer.retime`), and the report's predictions are those prices.
 
     `resume`: the run directory of an earlier run of this job that stopped; its plan is trained
     on from its latest checkpoint (no profiling, no search) and its report is rewritten."""
@@ -169,7 +172,7 @@ def run_job(path: str | Path, *, run_dir: str | Path | None = None, compare: boo
         trained = train_main(**pipeline.train_config(
             prepared, str(plan_path), topology=topology.name, checkpoint_dir=str(ckpt_dir),
             profile_cache=str(cache_path), trace=str(trace) if trace else None, progress=ui.live,
-            metrics_port=metrics_port, resume=resume is not None))
+            metrics_port=metrics_port, resume=resume is not None, retime=retime))
         seconds["train"] = round(time.perf_counter() - t0, 1)
         if trained.get("trace") or (run / "measured-trace.json").exists():
             files["measured_trace"] = "measured-trace.json"
@@ -182,7 +185,7 @@ def run_job(path: str | Path, *, run_dir: str | Path | None = None, compare: boo
             ui.step(f"training data-parallel for {job.spec.training.steps} steps (--compare)")
             dp = train_main(**pipeline.train_config(prepared, "data-parallel", topology=topology.name,
                                                     checkpoint_dir=None, profile_cache=str(cache_path),
-                                                    progress=ui.live))
+                                                    progress=ui.live, retime=retime))
             seconds["compare"] = round(time.perf_counter() - t0, 1)
             stopped = bool(dp.get("stopped_at_step"))
         seconds["total"] = round(time.perf_counter() - started, 1)
@@ -292,7 +295,8 @@ def format_report(doc: dict[str, Any]) -> str:
     """The short human report `autopar run` prints (the JSON has the same numbers)."""
     lines = [f"{doc['job']}: {doc['model']} on {doc['topology']} ({doc['devices']} worker processes) — {doc['phase']}"]
     how = doc["algorithm"] if doc.get("found_by") in (None, doc["algorithm"]) else f"{doc['algorithm']}: {doc['found_by']}"
-    lines.append(f"  plan        {doc['strategy']!r} ({how}): simulated {_ms(doc['predicted_step_s'])}"
+    planned = doc.get("planned_step_s") or doc["predicted_step_s"]     # the search's price (--retime: not the ranks')
+    lines.append(f"  plan        {doc['strategy']!r} ({how}): simulated {_ms(planned)}"
                  + (f" vs data parallelism {_ms(doc['data_parallel_predicted_step_s'])}: "
                     + (f"{doc['predicted_speedup']:.2f}× faster (simulated)" if doc["predicted_speedup"] >= 1.005
                        else f"{doc['predicted_speedup']:.2f}×")
@@ -304,9 +308,17 @@ def format_report(doc: dict[str, Any]) -> str:
                      f"final loss {doc['final_loss']:.4f}")
         lines.append(f"  prediction  error {100 * doc['prediction_error']:+.1f} % (simulated / measured - 1)"
                      + (f"; furthest off: {doc['furthest_off']}" if doc.get("furthest_off") else ""))
+        if doc.get("planned_step_s") and doc.get("retime"):
+            lines.append(f"  retimed     the plan's ops timed in the ranks price it at {_ms(doc['predicted_step_s'])}; "
+                         f"the search's profile at {_ms(doc['planned_step_s'])} "
+                         f"({100 * (doc['planned_step_s'] / doc['measured_step_s'] - 1):+.1f} %)")
     if doc.get("data_parallel_measured_step_s"):
         err, off = doc.get("data_parallel_prediction_error"), doc.get("data_parallel_furthest_off")
-        why = "" if err is None else (f" (prediction error {100 * err:+.1f} %"
+        retimed, dp = doc.get("data_parallel_retimed_step_s"), doc["data_parallel_measured_step_s"]
+        searched = doc.get("data_parallel_predicted_step_s")
+        priced = (f"priced {_ms(retimed)} by its ranks: " if retimed else "")
+        beside = (f", the search's profile {100 * (searched / dp - 1):+.1f} %" if retimed and searched else "")
+        why = "" if err is None else (f" ({priced}prediction error {100 * err:+.1f} %{beside}"
                                       + (f"; furthest off: {off}" if off else "") + ")")
         lines.append(f"  compare     data parallelism measured {_ms(doc['data_parallel_measured_step_s'])}{why}"
                      f": the plan is {doc['measured_speedup']:.2f}× faster, measured")

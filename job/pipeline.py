@@ -306,7 +306,7 @@ def simulated_artifacts(prepared: Prepared, topology: DeviceTopology, cost, stra
 
 def train_config(prepared: Prepared, strategy: str, *, topology: str, checkpoint_dir: str | None,
                  profile_cache: str | None = None, trace: str | None = None, progress: bool = False,
-                 metrics_port: int | None = None, resume: bool = False) -> dict[str, Any]:
+                 metrics_port: int | None = None, resume: bool = False, retime: bool = False) -> dict[str, Any]:
     """Keyword arguments of `autopar.trainer.train_main` for this job under `strategy` (a plan file
     or a named strategy): the same fields a trainer pod gets as `autopar train` options."""
     t = prepared.job.spec.training
@@ -320,6 +320,7 @@ def train_config(prepared: Prepared, strategy: str, *, topology: str, checkpoint
         "checkpoint_final": checkpoint_dir is not None,
         "resume": resume, "topology": topology, "profile_cache": profile_cache, "trace": trace,
         "graceful_stop": True, "progress": progress, "log": not progress, "metrics_port": metrics_port,
+        "retime": retime,
     }
 
 
@@ -331,6 +332,12 @@ def report(prepared: Prepared, topology: DeviceTopology, outcome: PlanOutcome, t
            calibration: dict[str, Any] | None = None) -> dict[str, Any]:
     """The job's report (what `autopar run --json` prints and the job's status carries)."""
     measured = trained.get("measured_step_s") if trained else None
+    predicted, dp_predicted = outcome.predicted_step_s, outcome.data_parallel_step_s
+    retime = trained.get("retime") if trained else None
+    if retime and trained.get("predicted_step_s"):      # `autopar run --retime`: the ranks' price of the plan
+        predicted = trained["predicted_step_s"]
+    if compare is not None and compare.get("retime") and compare.get("predicted_step_s"):
+        dp_predicted = compare["predicted_step_s"]
     doc: dict[str, Any] = {
         "job": prepared.job.name, "namespace": prepared.job.metadata.namespace, "phase": phase,
         "message": message,
@@ -338,13 +345,15 @@ def report(prepared: Prepared, topology: DeviceTopology, outcome: PlanOutcome, t
         "topology": topology.name, "devices": topology.num_devices,
         "algorithm": outcome.algorithm, "strategy": outcome.strategy.name,
         "found_by": outcome.result.source if outcome.result is not None else outcome.algorithm,
-        "predicted_step_s": outcome.predicted_step_s,
+        "predicted_step_s": predicted,
         "data_parallel_predicted_step_s": outcome.data_parallel_step_s,
         "predicted_speedup": outcome.predicted_speedup,
         "measured_step_s": measured,
         "measured_cv": trained.get("measured_cv") if trained else None,
         "measured_p10_s": _quantile(trained, 0.1), "measured_p90_s": _quantile(trained, 0.9),
-        "prediction_error": (outcome.predicted_step_s / measured - 1.0) if measured else None,
+        "prediction_error": (predicted / measured - 1.0) if measured and predicted else None,
+        # the search's own price of the plan, and the passes that priced it again (`autopar run --retime`)
+        "planned_step_s": outcome.predicted_step_s, "retime": retime,
         # where the prediction was off: the step's parts on the busiest rank (`autopar train`)
         "predicted_parts_s": trained.get("predicted_parts_s") if trained else None,
         "measured_parts_s": trained.get("measured_parts_s") if trained else None,
@@ -361,8 +370,9 @@ def report(prepared: Prepared, topology: DeviceTopology, outcome: PlanOutcome, t
     if compare is not None:
         dp = compare.get("measured_step_s")
         doc["data_parallel_measured_step_s"] = dp
-        doc["data_parallel_prediction_error"] = (outcome.data_parallel_step_s / dp - 1.0
-                                                 if dp and outcome.data_parallel_step_s else None)
+        doc["data_parallel_prediction_error"] = (dp_predicted / dp - 1.0 if dp and dp_predicted else None)
+        if dp_predicted is not outcome.data_parallel_step_s:
+            doc["data_parallel_retimed_step_s"] = dp_predicted
         doc["measured_speedup"] = dp / measured if dp and measured else None
         doc["data_parallel_furthest_off"] = compare.get("furthest_off")
     doc["files"] = dict(files or {})
@@ -371,11 +381,12 @@ def report(prepared: Prepared, topology: DeviceTopology, outcome: PlanOutcome, t
 
 
 def _quantile(trained: dict | None, q: float) -> float | None:
-    """A quantile of the measured steps, over the steps the median is taken on (untraced, without
-    the run's first step; `trainer.metrics.median_step`)."""
+    """A quantile of the measured steps, over the steps the median is taken on (neither traced nor right
+    after a retiming pass, without the run's first step; `trainer.metrics.median_step`)."""
     if not trained or not trained.get("step_seconds"):
         return None
-    traced = set(trained.get("traced_steps") or [])
+    retimed = (trained.get("retime") or {}).get("settling_steps") or []
+    traced = set(trained.get("traced_steps") or []) | set(retimed)
     first = (trained.get("resumed_from_step") or 0) + 1
     xs = [t for i, t in enumerate(trained["step_seconds"], start=first) if i not in traced] or trained["step_seconds"]
     xs = sorted(xs[1:] if len(xs) > 1 else xs)

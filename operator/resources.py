@@ -533,6 +533,7 @@ TRAIN_FLAGS: dict[str, tuple[str | None, str]] = {
     "progress": (None, "default"),          # progress bars: off in a pod (log lines)
     "log": (None, "default"),
     "metrics_port": ("--metrics-port", "flag"),
+    "retime": ("--retime", "switch"),       # never set for a pod: the passes time CPUs, its ranks run on GPUs
 }
 
 

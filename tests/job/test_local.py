@@ -82,6 +82,19 @@ def test_the_human_report(tmp_path):
     assert doc["furthest_off"] and f"; furthest off: {doc['furthest_off']}" in text
 
 
+def test_a_retimed_run_reports_the_price_of_the_ops_its_ranks_timed(tmp_path):
+    job = _manifest(tmp_path, steps=4, planner={"algorithm": "data-parallel"})
+    out = _run(tmp_path, job, "--local", "--no-profile", "--run-dir", "run", "--retime", "--compare", "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["retime"]["passes_before_steps"] == [2] and doc["retime"]["timed"] == doc["retime"]["tasks"]
+    assert doc["predicted_step_s"] != doc["planned_step_s"]
+    assert doc["prediction_error"] == pytest.approx(doc["predicted_step_s"] / doc["measured_step_s"] - 1)
+    assert doc["data_parallel_retimed_step_s"] > 0 and "retimed     the plan's ops timed in the ranks" in out.stderr
+    prom = (tmp_path / "run" / "metrics.prom").read_text()
+    assert f'autopar_job_simulated_step_seconds{{job="tiny",namespace="default"}} {doc["predicted_step_s"]!r}' in prom
+
+
 @pytest.mark.parametrize("edit,message", [
     ({"training": {"steps": 0}}, "spec.training.steps: must be at least 1, got 0"),
     ({"planner": {"algorithm": "fastest"}}, "spec.planner.algorithm: 'fastest' is not allowed"),

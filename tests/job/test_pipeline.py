@@ -127,3 +127,32 @@ def test_report_numbers(tmp_path):
     # quantiles leave out the first step and the traced one: 0.1, 0.09, 0.11, 0.1
     assert doc["measured_p10_s"] == pytest.approx(0.09) and doc["measured_p90_s"] == pytest.approx(0.11)
     assert doc["phase"] == "Succeeded" and doc["job"] == "t" and doc["namespace"] == "default"
+
+
+def test_a_retimed_run_reports_the_ranks_price_with_the_searchs_beside(tmp_path):
+    """`autopar run --retime`: the report's simulated step, its error and the metrics file's gauge are
+    the trainings' prices from their ranks' passes; the search's price stays in planned_step_s and
+    the speedup it believed in predicted_speedup; the steps after each pass leave the quantiles."""
+    prepared = pipeline.validate(_job(planner={"algorithm": "data-parallel"}), ".")
+    topology = pipeline.local_topology(prepared)
+    outcome = pipeline.PlanOutcome(strategy=named_strategy("data-parallel", prepared.graph, topology),
+                                   algorithm="data-parallel", predicted_step_s=0.09, data_parallel_step_s=0.09,
+                                   search_seconds=0.1)
+    retime = {"passes_before_steps": [2, 4], "settling_steps": [2, 3, 4, 5], "tasks": 3, "timed": 3}
+    trained = {"measured_step_s": 0.1, "measured_cv": 0.05, "step_seconds": [0.5, 0.3, 0.3, 0.3, 0.3, 0.1, 0.12],
+               "traced_steps": [], "steps": 7, "final_loss": 1.0, "checkpoints": [], "resumed_from_step": None,
+               "predicted_step_s": 0.105, "retime": retime}
+    doc = pipeline.report(prepared, topology, outcome, trained,
+                          compare={"measured_step_s": 0.12, "predicted_step_s": 0.11, "retime": retime})
+    assert doc["predicted_step_s"] == 0.105 and doc["planned_step_s"] == 0.09 and doc["retime"] == retime
+    assert doc["prediction_error"] == pytest.approx(0.05)
+    assert doc["data_parallel_predicted_step_s"] == 0.09 and doc["data_parallel_retimed_step_s"] == 0.11
+    assert doc["data_parallel_prediction_error"] == pytest.approx(0.11 / 0.12 - 1)
+    assert doc["measured_p10_s"] == pytest.approx(0.1) and doc["measured_p90_s"] == pytest.approx(0.12)
+    from autopar.job.local import format_report
+    text = format_report(doc)
+    assert "retimed     the plan's ops timed in the ranks price it at 105.0 ms; the search's profile at 90.0 ms" in text
+    assert "plan        'data-parallel' (data-parallel): simulated 90.0 ms" in text
+    assert "(priced 110.0 ms by its ranks: prediction error -8.3 %, the search's profile -25.0 %)" in text
+    plain = pipeline.report(prepared, topology, outcome, dict(trained, retime=None))
+    assert plain["predicted_step_s"] == plain["planned_step_s"] == 0.09 and "retimed" not in format_report(plain)
