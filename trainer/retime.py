@@ -133,13 +133,13 @@ class Retimer:
     at: list[int] = field(init=False)
     items: list = field(init=False)
     kind: str = field(init=False)
-    per_rank: list = field(init=False, default_factory=list)   # rank 0: per rank, per item, its passes
+    per_rank: list = field(init=False)   # rank 0: per rank, per item, its passes
     passes: list[int] = field(init=False, default_factory=list)  # the steps (0-based) passes ran before
     seconds: float = 0.0            # this rank's time in the passes
     predicted: float | None = None  # rank 0: the latest price
     parts: dict | None = None
     timed: int = 0                  # rank 0: tasks the passes timed
-    failed: dict = field(init=False, default_factory=dict)   # rank 0: task key -> why no pass timed it
+    failed: dict = field(init=False, default_factory=dict)   # rank 0: "op (degrees)" -> why no pass timed it
 
     def __post_init__(self) -> None:
         from autopar.planner.cost import kind_of
