@@ -101,7 +101,7 @@ from .errors import PlanRefusedError
 from .launch import run_local
 from .optim import OptimizerConfig
 from .parts import furthest_off, measured_parts, simulate_parts
-from .retime import with_cold_of
+from .retime import lockstep_costs
 from .session import Trainer
 from .train import Job, TrainConfig
 from .validate import check_plan
@@ -731,7 +731,7 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
     in, for `trainer.rescore` to simulate its rows again with later code: its profile cache with
     the calibration, the diagnosis's profiles and the benchmark's JSON (`keep_folder`)."""
     from autopar.planner.cost import CostModel, ProfileCache, profile_local
-    from autopar.planner.cost import kind_of, profile_items, store_lockstep_passes
+    from autopar.planner.cost import kind_of, profile_items
     from autopar.planner.hardware import get_preset
     from autopar.planner.ir import import_spec
     from autopar.planner.sim import TaskGraphBuilder
@@ -808,9 +808,7 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
             per_rank, passes = zip(*run_local(_measure, WORLD, (jobs, cfg["warmup"], cfg["steps"],
                                                                 (items, kind, cfg["profile_repeats"]))))
             during = ProfileCache(path=folder / f"{graph.name}-{DURING_STEPS}.json")
-            during.put_runtime_of(cache)
-            report = store_lockstep_passes(graph, items, passes, during, kind)
-            with_cold_of(during, cache)
+            report = lockstep_costs(during, cache, graph, items, passes, kind)
             during.save()
             log(f"  trained {len(jobs)} strategies x {cfg['warmup'] + cfg['steps']} steps and profiled "
                 f"{len(report.measured)} task shapes between their blocks in {time.perf_counter() - t0:.0f} s")

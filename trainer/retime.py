@@ -91,20 +91,33 @@ def with_cold_of(costs: Any, profile: Any) -> Any:
     return costs
 
 
+def lockstep_costs(costs: Any, profile: Any, graph: Any, items: list[tuple[str, str, tuple[int, ...]]],
+                   per_rank: Any, kind: str, keep_profiled: bool = False) -> Any:
+    """Fill `costs` (a `ProfileCache`) with what the ranks timed of `items` in lockstep (`per_rank[r][n]`:
+    rank r's timings of item n, one per pass; `planner.cost.store_lockstep_passes`), `profile`'s runtime
+    calibration, and its times with the last-level cache evicted (`with_cold_of`); `keep_profiled`: a task
+    no pass timed keeps `profile`'s time.  Returns the passes' `ProfileReport`.  The accuracy benchmark
+    prices its rows so, and `price` a retimed run."""
+    from autopar.planner.cost import store_lockstep_passes
+    costs.put_runtime_of(profile)
+    report = store_lockstep_passes(graph, items, per_rank, costs, kind)
+    if keep_profiled:
+        for key, _, _ in items:
+            if key not in costs and (known := profile.get(key)) is not None:
+                costs.put(key, *known, profile.host(key))
+    with_cold_of(costs, profile)
+    return report
+
+
 def price(graph: Any, topology: Any, strategy: Any, optimizer: str, profile: Any,
           items: list[tuple[str, str, tuple[int, ...]]], per_rank: list, kind: str) -> tuple[float, Any, Any]:
     """(simulated step, its parts on the busiest device, the `ProfileReport` of the passes) of
     `strategy`, its tasks priced with the passes the ranks timed (`per_rank[r][n]`: rank r's
     timings of item n, one per pass), the rest as `profile` (the run's profile cache) has them."""
-    from autopar.planner.cost import CostModel, ProfileCache, store_lockstep_passes
+    from autopar.planner.cost import CostModel, ProfileCache
     from autopar.planner.sim import TaskGraphBuilder
     costs = ProfileCache()
-    costs.put_runtime_of(profile)
-    report = store_lockstep_passes(graph, items, per_rank, costs, kind)
-    for key, _, _ in items:
-        if key not in costs and (known := profile.get(key)) is not None:
-            costs.put(key, *known, profile.host(key))
-    with_cold_of(costs, profile)
+    report = lockstep_costs(costs, profile, graph, items, per_rank, kind, keep_profiled=True)
     builder = TaskGraphBuilder(graph, topology, CostModel(costs).bind(graph), optimizer)
     seconds, parts, _ = simulate_parts(builder, strategy, barrier=False)   # its steps run back to back
     return seconds, parts, report

@@ -319,8 +319,12 @@ def rank_main(rank: int, world: int, job: Job, device_kind: str = "cpu") -> dict
                     saved.append(path)
         if bar is not None:
             bar.close()
-        trace_file = _write_trace(cfg, job, tracer, rank, world, trainer.world_group,
-                                  retimer.predicted if retimer is not None and retimer.predicted else job.predicted)
+        predicted, note, predicted_parts = job.predicted, job.predicted_note, job.predicted_parts
+        if retimer is not None and retimer.predicted is not None:     # rank 0's price (module trainer.retime)
+            predicted, note, predicted_parts = retimer.predicted, retimer.note(), retimer.parts
+        elif retimer is not None and retimer.failed:
+            note += f"; --retime could not price the plan ({'; '.join(retimer.failed.values())})"
+        trace_file = _write_trace(cfg, job, tracer, rank, world, trainer.world_group, predicted)
         parts = _measured_parts(phased, rank, world, trainer)
         if metrics is None:
             return None
@@ -328,11 +332,6 @@ def rank_main(rank: int, world: int, job: Job, device_kind: str = "cpu") -> dict
             print(f"autopar train: the metrics on port {metrics.port} were not scraped within {linger:g} s after "
                   f"the last step; whoever scrapes them missed the last steps", file=sys.stderr, flush=True)
         med = median_step(metrics.counted_times() or metrics.times)
-        predicted, note, predicted_parts = job.predicted, job.predicted_note, job.predicted_parts
-        if retimer is not None and retimer.predicted is not None:
-            predicted, note, predicted_parts = retimer.predicted, retimer.note(), retimer.parts
-        elif retimer is not None and retimer.failed:
-            note += f"; --retime could not price the plan ({'; '.join(retimer.failed.values())})"
         error = (predicted / med - 1.0) if predicted and med else None
         return {
             "model": job.graph.name, "strategy": job.strategy.name, "nproc": world, "backend": dist.get_backend(),
