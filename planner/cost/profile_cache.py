@@ -83,7 +83,10 @@ FORMAT_VERSION = 1
 #: 6: on the CPU, each timed call is followed by calls back to back, stored apart (`hot_kind`).
 #: 7: CPU op times keyed by how many workers measured side by side on the host (`host_kind`); before
 #: that a ``local:1`` and a ``local:2`` profile shared their keys.
-MEASUREMENT_METHOD = 7
+#: 8: on the CPU, the memory a measured call's autograd graph saves for its backward pass counts in
+#: what the profiler keeps alive and faults in beforehand (`profiler.saved_bytes`, `HEAP_SPREAD`); before
+#: that a loss over a whole batch paid the kernel's first touch of fresh pages in its timed calls.
+MEASUREMENT_METHOD = 8
 
 Shape = tuple[int, ...]
 

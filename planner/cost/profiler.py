@@ -632,16 +632,19 @@ def measure_task(graph: OperatorGraph, op: Op, degrees: tuple[int, ...], device:
     ranges, inputs, params = _task_tensors(graph, op, degrees, device, gen, module)
     evict = cache_evictor(device, cache_level) if cold else None
     kept = _Retained() if cold else None
+    saved = 0
     if kept is not None and device.type == "cpu":
         _, out_shapes, _ = task_shapes(op, degrees, graph_input_shapes(graph, op), ranges)
-        outs_bytes = sum(math.prod(s) * o.itemsize for s, o in zip(out_shapes, op.outputs))
+        saved = saved_bytes(lambda: forward_task(op, ranges, inputs, params, **extra), inputs + params)
+        outs_bytes = sum(math.prod(s) * o.itemsize for s, o in zip(out_shapes, op.outputs)) + saved
         grads_bytes = sum(t.numel() * t.element_size() for t in inputs if t.requires_grad)
-        fault_in_heap(kept.most_bytes(max(outs_bytes, grads_bytes)) + outs_bytes + grads_bytes + HEAP_SLACK)
+        live = kept.most_bytes(max(outs_bytes, grads_bytes)) + outs_bytes + grads_bytes
+        fault_in_heap(HEAP_SPREAD * live + HEAP_SLACK)
 
     def fwd():
         out = forward_task(op, ranges, inputs, params, **extra)
         if kept is not None:
-            kept.add(_outputs(out))
+            kept.add(_outputs(out), also=saved)
         return out
 
     hosts: list[float] = []
@@ -690,6 +693,13 @@ def measure_task(graph: OperatorGraph, op: Op, degrees: tuple[int, ...], device:
 
 #: Heap faulted in beyond what a task's retained results and temporaries need (`measure_task`).
 HEAP_SLACK = 64 << 20
+#: How much more heap than its live bytes a task's calls spread over (`measure_task`): PyTorch puts a
+#: block of 2 MiB or more on a 2 MiB boundary for huge pages (`use_huge_pages`), and glibc cuts such a
+#: block from a larger free one, so a freed result's block is not reused as it was and the heap creeps
+#: on.  The transformer's cross-entropy over a whole batch, whose calls keep 8 MiB each up to 264 MiB,
+#: began faulting in 516 fresh pages a call after 45 calls with 344 MiB faulted in (its forward 4.8 ms a
+#: call instead of 1.3), and none with 536 MiB.
+HEAP_SPREAD = 2
 
 #: `fault_in_heap` touches at most this fraction (1/HEAP_SHARE) of the machine's memory: a task whose
 #: results take more pays the faults rather than risk the memory of the other workers.
@@ -730,6 +740,34 @@ def fault_in_heap(nbytes: int) -> None:
     _heap_faulted = nbytes
 
 
+def saved_bytes(call: Callable[[], Any], own: Sequence[torch.Tensor]) -> int:
+    """Bytes of memory that one `call` (a forward task) newly allocated and keeps alive until its
+    backward pass: the tensors autograd saves for it (`torch.autograd.graph.saved_tensors_hooks`),
+    each storage once, less the storages of its results (which the caller counts) and of `own` (its
+    inputs and parameters, allocated before it).
+
+    A task's results alone can be far smaller than what the step keeps of it: the transformer's
+    cross-entropy over a whole batch returns one number and saves its 8 MiB of log-probabilities.
+    `measure_task` keeps its calls' results alive, graphs and all (`_Retained`), and faults in the
+    heap they take (`fault_in_heap`); counted by its results alone, that loss kept 13-52 graphs of
+    8 MiB uncounted, and every backward call then wrote its 8 MiB gradient onto pages the process had
+    never touched: 6.0-10.4 ms a call with the L2 evicted and 8.2-12.6 ms back to back, where its
+    steps take 1.2-3 ms and its calls with the last-level cache evicted (fewer of them kept) 1.8 ms
+    (docs/simulation.md, "Forty-fourth round")."""
+    storages: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        s = t.untyped_storage()
+        storages[s.data_ptr()] = s.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = call()
+    for t in list(own) + _outputs(out):
+        storages.pop(t.untyped_storage().data_ptr(), None)
+    return sum(storages.values())
+
+
 class _Retained:
     """The last results of a measured call, kept alive so that each call writes its result to
     memory that has not just been used, as in a step.
@@ -742,20 +780,22 @@ class _Retained:
 
     def __init__(self, max_bytes: int = 256 << 20, min_items: int = 4):
         self.max_bytes, self.min_items = max_bytes, min_items
-        self._items: list[list[torch.Tensor]] = []
+        self._items: list[tuple[list[torch.Tensor], int]] = []   # (the tensors, the bytes they keep)
         self._bytes = 0
 
     def most_bytes(self, item: int) -> int:
         """The most bytes kept at once, the newest result included, when no result is larger than `item`."""
         return max(self.max_bytes, self.min_items * item) + item
 
-    def add(self, tensors: list[torch.Tensor]) -> None:
-        size = sum(t.numel() * t.element_size() for t in tensors)
-        self._items.append(tensors)
+    def add(self, tensors: list[torch.Tensor], also: int = 0) -> None:
+        """Keep `tensors`, and with them `also` more bytes that they keep alive (what their autograd
+        graph saved for the backward pass, `saved_bytes`)."""
+        size = sum(t.numel() * t.element_size() for t in tensors) + also
+        self._items.append((tensors, size))
         self._bytes += size
         while len(self._items) > self.min_items and self._bytes > self.max_bytes:
-            old = self._items.pop(0)
-            self._bytes -= sum(t.numel() * t.element_size() for t in old)
+            _, old = self._items.pop(0)
+            self._bytes -= old
 
 
 def _check_counts(repeats: int, warmup: int, rounds: int = 1) -> None:

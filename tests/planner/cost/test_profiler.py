@@ -502,13 +502,74 @@ def test_results_are_kept_so_each_call_writes_to_memory_the_last_did_not_use():
     tensors = [torch.zeros(1024) for _ in range(6)]      # 4 KiB each
     for t in tensors:
         kept.add([t])
-    assert [x[0] for x in kept._items] == tensors[-3:]   # the newest, up to max_bytes
+    assert [x[0][0] for x in kept._items] == tensors[-3:]   # the newest, up to max_bytes
     big = _Retained(max_bytes=1, min_items=2)
     for t in tensors:
         big.add([t])
         assert big._bytes <= big.most_bytes(4096) and kept._bytes <= kept.most_bytes(4096)
     assert len(big._items) == 2                           # never fewer than min_items
     assert big.most_bytes(4096) == 3 * 4096 and kept.most_bytes(4096) == 4 * 4096
+
+
+def test_what_a_result_keeps_alive_for_its_backward_pass_counts_in_what_is_kept():
+    """A loss returns one number and saves its log-probabilities: kept by its result's bytes alone,
+    every call's graph stayed, past what the profiler had faulted in."""
+    from autopar.planner.cost.profiler import _Retained
+    kept = _Retained(max_bytes=3 * 4096, min_items=2)
+    for _ in range(6):
+        kept.add([torch.zeros(())], also=4096)
+    assert len(kept._items) == 2 and kept._bytes == 2 * (4096 + 4)   # 4100 bytes an item, up to 12 KiB
+
+
+def test_saved_bytes_counts_what_autograd_saves_less_the_inputs_and_the_results():
+    from autopar.planner.cost.profiler import saved_bytes
+    x = torch.randn(64, 256, requires_grad=True)
+    y = torch.randint(0, 256, (64,))
+    # cross-entropy saves its log-probabilities (64 x 256 floats) and the targets (an input)
+    loss = saved_bytes(lambda: torch.nn.functional.cross_entropy(x, y), [x, y])
+    assert 64 * 256 * 4 <= loss < 64 * 256 * 4 + 1024
+    # a linear layer saves its input and weight, both the caller's own: nothing new
+    w = torch.randn(32, 256, requires_grad=True)
+    assert saved_bytes(lambda: x @ w.t(), [x, w]) == 0
+    # exp saves its result, which the caller counts as the result
+    assert saved_bytes(lambda: x.exp(), [x]) == 0
+    # no graph, nothing saved
+    with torch.no_grad():
+        assert saved_bytes(lambda: torch.nn.functional.cross_entropy(x, y), [x, y]) == 0
+
+
+_FAULTS_PER_CALL = """
+import resource, sys, torch
+from autopar.planner.cost import profiler
+from autopar.planner.ir import import_spec
+from autopar.planner.ir.kernels import forward_task
+from autopar.planner.zoo import load_model
+profiler.keep_freed_memory(); profiler.use_huge_pages(); torch.set_num_threads(1)
+spec = load_model("transformer", batch=8, seq=64, vocab=4096, d=32, layers=1, heads=2)
+graph = import_spec(spec)
+faults = []
+def counted(*args, **kwargs):
+    before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+    out = forward_task(*args, **kwargs)
+    faults.append(resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before)
+    return out
+profiler.measure_task(graph, graph["loss"], (1, 1), torch.device("cpu"), repeats=10, warmup=3, module=spec.module,
+                      forward_task=counted, hot=[])
+print(" ".join(map(str, faults)))
+"""
+
+
+def test_a_loss_over_a_whole_batch_is_timed_without_first_touch_faults():
+    """The transformer's loss over a whole batch keeps 8 MiB a call.  Before `saved_bytes` and
+    `HEAP_SPREAD` its calls began faulting in 516 fresh pages each after 45 calls (docs/simulation.md,
+    "Forty-fourth round").  In a fresh process, as a profile worker."""
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-c", _FAULTS_PER_CALL], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    faults = [int(n) for n in done.stdout.split()]
+    assert len(faults) > 45                      # warm-up and timed calls, each followed by three back to back
+    assert sum(faults[8:]) < 64, faults          # past the first calls, no call touches fresh pages
 
 
 def test_the_heap_faulted_in_grows_once_per_size_and_stays_within_a_share_of_memory(monkeypatch):
