@@ -71,9 +71,13 @@ class Trainer:
                 self.optimizer.step()
 
     def global_loss(self, local: torch.Tensor) -> float:
+        """The step's loss, summed over the ranks' parts.  Every rank ends its step here, so a rank
+        done early waits for the slowest; `autopar train` times the step up to here, and the wait is
+        the step's synchronization (the runtime's ``sync`` phase)."""
         t = local.detach().to(torch.float64).clone()
         if self.world > 1:
-            dist.all_reduce(t, group=self.world_group)
+            with self.runtime.span("sync", "loss"):
+                dist.all_reduce(t, group=self.world_group)
         return float(t)
 
     # -- state ---------------------------------------------------------------------------------

@@ -938,11 +938,13 @@ def step_parts(b, tg, tl, barrier: bool = True) -> dict[int, dict[str, float]]:
     a plan that places layers, the rank holding the last ones is done while the first ones' backward
     pass still runs.  Where each step starts at a barrier (`barrier`, as `autopar bench accuracy`
     times them), that rank's step ends there, and so do its parts; their sum is its own step.
-    Without one (`autopar train`), it starts its next step and waits for its peers' inputs there,
-    in an exchange: the rest of the makespan is transfer, and every device's parts add up to the
-    step.  (Counting it as overhead put 5-7 ms of the peers' backward pass into the overhead of
-    rnnlm's expert rows, twice what their rank measured, in every kept run: docs/simulation.md,
-    "Twenty-fifth round".)
+    Without one (`autopar train`), every rank ends its step in the all-reduce of the step's loss
+    (`trainer.session.Trainer.global_loss`), where one done early waits for the slowest: the rest
+    of the makespan is synchronization, and every device's parts add up to the step.  (Counting it
+    as overhead put 5-7 ms of the peers' backward pass into the overhead of rnnlm's expert rows,
+    twice what their rank measured, in every kept run: docs/simulation.md, "Twenty-fifth round";
+    until the forty-fourth round it was counted as transfer, on the belief that such a rank went
+    on into its next step.)
     """
     rt: RuntimeCalibration = b.runtime
     n = b.num_ops
@@ -993,7 +995,7 @@ def step_parts(b, tg, tl, barrier: bool = True) -> dict[int, dict[str, float]]:
     for d, part in out.items():
         end = tl.end[optimizer_step(d)]
         if not barrier:
-            part["transfer"] += tl.makespan - end
+            part["synchronization"] += tl.makespan - end
             end = tl.makespan
         part["overhead"] = max(0.0, end - sum(part[p] for p in STEP_PARTS if p != "overhead"))
     return out

@@ -66,6 +66,25 @@ def test_a_simulated_plan_reports_its_parts_beside_the_measured_ones():
     assert f"furthest off: {summary['furthest_off']}" in text
 
 
+def test_a_step_lasts_until_the_slowest_rank_is_done(tmp_path):
+    """Every op on rank 1: rank 0 has nothing to do but wait for the step's loss.  Its steps, which
+    the summary reports, last as long as rank 1's work, and the wait is its synchronization.  Timed
+    without the wait they were rank 0's own share (a plan with rnnlm's later layers on rank 1 timed
+    at 46.4 ms a step, 68.6 ms from one step's start to the next; docs/simulation.md, "Forty-fourth
+    round")."""
+    from autopar.planner.ir import ParallelConfig, Strategy
+    graph = import_spec(get_model("lenet", **LENET))
+    on_one = Strategy.from_mapping(graph, {op.name: ParallelConfig((1,) * len(op.pardims), (1,)) for op in graph.ops},
+                                   "all on rank 1")
+    path = tmp_path / "plan.yaml"
+    save_plan(on_one, path, graph, get_preset("local:2"))
+    summary = train_main(model="lenet", model_options=LENET, strategy=str(path), nproc=2, steps=6, log=False)
+    assert summary["measured_parts_rank"] == 1
+    work = summary["measured_parts_s"]["compute"] + summary["measured_parts_s"]["optimizer"]
+    assert work > 0 and summary["measured_step_s"] >= work
+    assert summary["predicted_parts_s"]["synchronization"] >= 0
+
+
 def test_a_plan_files_recorded_step_gets_its_parts_where_simulating_it_again_agrees(tmp_path):
     """A plan file records its predicted step, not its parts: they are simulated again for the
     run, and reported where that gives the recorded step (the same profile cache), so the README's

@@ -651,9 +651,9 @@ def test_a_rank_done_before_the_step_ends_has_parts_up_to_its_own_end():
     """Layers placed, the first half on device 0 and the rest on device 1: device 1's backward
     pass is done while device 0's still runs.  Where steps start at a barrier (the benchmark),
     device 1's parts end with its own optimizer step, before the makespan, and none of device 0's
-    backward pass is its overhead; steps run back to back (`autopar train`), it waits for its
-    peer in the next step's exchanges, and that wait is transfer.  Its other parts are the
-    same either way."""
+    backward pass is its overhead; without the barrier (`autopar train`), it waits for its peer
+    in the all-reduce of the step's loss that ends every step, and that wait is synchronization.
+    Its other parts are the same either way."""
     from autopar.planner.ir import ParallelConfig
     from autopar.planner.sim import STEP_PARTS, step_parts
 
@@ -669,8 +669,9 @@ def test_a_rank_done_before_the_step_ends_has_parts_up_to_its_own_end():
     for d in (0, 1):
         assert sum(timed[d].values()) == pytest.approx(ends[d], rel=1e-9)
         assert sum(steady[d].values()) == pytest.approx(res.step_time, rel=1e-9)
-        assert steady[d]["transfer"] - timed[d]["transfer"] == pytest.approx(res.step_time - ends[d], abs=1e-12)
-        for p in set(STEP_PARTS) - {"transfer"}:
+        assert (steady[d]["synchronization"] - timed[d]["synchronization"]
+                == pytest.approx(res.step_time - ends[d], abs=1e-12))
+        for p in set(STEP_PARTS) - {"synchronization"}:
             assert steady[d][p] == pytest.approx(timed[d][p], abs=1e-12)
 
 
