@@ -68,7 +68,7 @@ def test_a_simulated_plan_reports_its_parts_beside_the_measured_ones():
 
 def test_a_step_lasts_until_the_slowest_rank_is_done(tmp_path):
     """Every op on rank 1: rank 0 has nothing to do but wait for the step's loss.  Its steps, which
-    the summary reports, last as long as rank 1's work, and the wait is its synchronization.  Timed
+    the summary reports, last at least as long as rank 1's work.  Timed
     without the wait they were rank 0's own share (a plan with rnnlm's later layers on rank 1 timed
     at 46.4 ms a step, 68.6 ms from one step's start to the next; docs/simulation.md, "Forty-fourth
     round")."""
@@ -82,7 +82,6 @@ def test_a_step_lasts_until_the_slowest_rank_is_done(tmp_path):
     assert summary["measured_parts_rank"] == 1
     work = summary["measured_parts_s"]["compute"] + summary["measured_parts_s"]["optimizer"]
     assert work > 0 and summary["measured_step_s"] >= work
-    assert summary["predicted_parts_s"]["synchronization"] >= 0
 
 
 def test_a_plan_files_recorded_step_gets_its_parts_where_simulating_it_again_agrees(tmp_path):
