@@ -31,15 +31,16 @@ overheads, point-to-point and all-reduce times under load, the optimizer), as `a
    (``row_profile``, below); step 3's prices are reported beside them.
 
 Per row: ``simulated_s``, ``measured_s`` (median step), ``cv`` (coefficient of variation of the
-measured steps) and ``error`` = simulated / measured - 1, and both sides split into the same
-parts (`planner.sim.STEP_PARTS`), so a row that misses says which part was off (``off``):
-compute (the ops' forward and backward spans), transfer (the exchanges' spans: moving tensors
-and waiting for peers), synchronization (waiting for the gradients' all-reduces), the optimizer
-step, and overhead (the rest: the runtime's own work between the spans), on both sides for the
-rank with the most compute and optimizer time.  A measured step shows an all-reduce that runs
-on the ranks' cores during the backward pass as slower compute, and so does the simulated one
-(its part on the rank's core); synchronization is the wait for the buckets after the backward
-pass, on both sides.
+measured steps), ``error`` = simulated / measured - 1, ``step_s`` (each timed step's seconds, in
+the order taken: `rounds` blocks of them), and both sides split into the same parts
+(`planner.sim.STEP_PARTS`), so a row that misses says which part was off (``off``): compute (the
+ops' forward and backward spans), transfer (the exchanges' spans: moving tensors and waiting for
+peers), synchronization (waiting for the gradients' all-reduces), the optimizer step, and
+overhead (the rest: the runtime's own work between the spans), on both sides for the rank with
+the most compute and optimizer time. A measured step shows an all-reduce that runs on the ranks'
+cores during the backward pass as slower compute, and so does the simulated one (its part on the
+rank's core); synchronization is the wait for the buckets after the backward pass, on both
+sides.
 
 Totals: median, 90th percentile and largest absolute error, the mean signed error, Kendall's tau
 over the pairs of one model's strategies whose measured times differ by more than twice their
@@ -172,10 +173,19 @@ def strategies(graph, topology, cost, module, settings: dict, log: Callable[[str
 
 # -- measurement (runs in the ranks) -----------------------------------------------------------------
 
-#: The timed steps of each strategy come in this many blocks (`_measure`).
+#: Fewest blocks a strategy's timed steps come in (`_measure`), and the steps a block holds where
+#: there are more (`rounds`).
 ROUNDS = 3
+BLOCK_STEPS = 10
 #: Untimed steps that start each later block of a strategy, after the other strategies' blocks.
 REWARM = 2
+
+
+def rounds(steps: int) -> int:
+    """The blocks `steps` timed steps of a strategy come in: `ROUNDS`, or one per `BLOCK_STEPS`
+    steps where that is more, so that a longer measurement spreads over more of the machine's
+    spells rather than into longer blocks."""
+    return max(ROUNDS, steps // BLOCK_STEPS)
 
 
 def _measure(rank: int, world: int, jobs: list[Job], warmup: int, steps: int,
@@ -185,8 +195,8 @@ def _measure(rank: int, world: int, jobs: list[Job], warmup: int, steps: int,
     A strategy trains as a user's run does, one step after another: stepping the strategies in
     turn at every step would start each step in caches the other strategies' tensors filled
     (a user's tagger stepped 24.7 ms on its own and 28.6-30.4 ms interleaved).  To still expose
-    them all to the same machine load, the `steps` timed steps come in `ROUNDS` blocks: in each
-    round every job trains a block (the first after `warmup` untimed steps, later ones after
+    them all to the same machine load, the `steps` timed steps come in `rounds(steps)` blocks: in
+    each round every job trains a block (the first after `warmup` untimed steps, later ones after
     `REWARM`), in reverse order every other round.
 
     `profile`: (items, device kind, repeats) of the model's task shapes (`profile_items`), measured
@@ -207,8 +217,9 @@ def _measure(rank: int, world: int, jobs: list[Job], warmup: int, steps: int,
         measured = [[] for _ in items]
         overhead = engine_overhead(torch.device("cpu"))
         graph, module = jobs[0].graph, jobs[0].spec.module
-    for r in range(ROUNDS):
-        block = steps // ROUNDS + (1 if r < steps % ROUNDS else 0)
+    n_rounds = rounds(steps)
+    for r in range(n_rounds):
+        block = steps // n_rounds + (1 if r < steps % n_rounds else 0)
         skip = warmup if r == 0 else REWARM
         order = list(range(len(trainers)) if r % 2 == 0 else reversed(range(len(trainers))))
         for j, k in enumerate(order):
@@ -229,14 +240,15 @@ def _measure(rank: int, world: int, jobs: list[Job], warmup: int, steps: int,
     return out if profile is None else (out, measured)
 
 
-def _measured_row(per_rank: list[list[tuple[float, dict]]]) -> tuple[float, float, dict[str, float]]:
-    """(median step, CV, parts) of one job: a step lasts as long as its slowest rank.  The parts
-    are those of the rank with the most compute and optimizer time (`trainer.parts`)."""
+def _measured_row(per_rank: list[list[tuple[float, dict]]]) -> tuple[float, float, dict[str, float], list[float]]:
+    """(median step, CV, parts, the steps' times in the order taken) of one job: a step lasts as
+    long as its slowest rank.  The parts are those of the rank with the most compute and
+    optimizer time (`trainer.parts`)."""
     steps = list(zip(*per_rank))                   # per step: each rank's (seconds, phases)
     times = [max(rp[0] for rp in s) for s in steps]
     med = statistics.median(times)
     cv = statistics.stdev(times) / statistics.fmean(times) if len(times) > 1 else 0.0
-    return med, cv, measured_parts(per_rank)[1]
+    return med, cv, measured_parts(per_rank)[1], times
 
 
 # -- totals ----------------------------------------------------------------------------------------
@@ -832,11 +844,12 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
                   "one core's bandwidth): " + " ".join(f"{p['pair_over_memory']:.2f}" for p in probes))
             measured = {n: _measured_row([r[k] for r in per_rank]) for k, n in enumerate(unique)}
             for name in chosen:
-                med, cv, mparts = measured[same[name]]
+                med, cv, mparts, times = measured[same[name]]
                 sim_s, sparts, peak = priced[name]
                 planned_s = simulated[name][0]
                 row = {"model": graph.name, "strategy": name, "simulated_s": sim_s, "measured_s": med, "cv": cv,
                        "error": sim_s / med - 1.0, "simulated_parts_s": sparts, "measured_parts_s": mparts,
+                       "step_s": [round(t, 7) for t in times],
                        "simulated_search_profile_s": planned_s, "error_search_profile": planned_s / med - 1.0,
                        "plan": {op.name: [list(chosen[name][op.name].degrees), list(chosen[name][op.name].devices)]
                                 for op in graph.ops}}

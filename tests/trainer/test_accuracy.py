@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -57,8 +58,8 @@ def test_a_step_lasts_as_long_as_its_slowest_rank():
     phases = {"fwd": 0.01, "bwd": 0.02, "exchange": 0.0, "grad exchange": 0.0, "sync": 0.001, "optimizer step": 0.003}
     rank0 = [(0.05, phases), (0.07, phases), (0.06, phases)]
     rank1 = [(0.06, phases), (0.05, phases), (0.08, phases)]
-    med, cv, parts = _measured_row([rank0, rank1])
-    assert med == pytest.approx(0.07)          # steps last 0.06, 0.07, 0.08
+    med, cv, parts, times = _measured_row([rank0, rank1])
+    assert med == pytest.approx(0.07) and times == [0.06, 0.07, 0.08]     # in the order taken
     assert parts["compute"] == pytest.approx(0.03) and parts["optimizer"] == pytest.approx(0.003)
     assert parts["synchronization"] == pytest.approx(0.001) and parts["transfer"] == 0.0
     assert parts["overhead"] == pytest.approx(0.06 - 0.034) and cv > 0     # the rank's own median step
@@ -72,7 +73,7 @@ def test_the_measured_overhead_is_the_median_of_each_steps_rest():
         return (fwd + exchange + 0.001, {"fwd": fwd, "bwd": 0.0, "exchange": exchange, "grad exchange": 0.0,
                                          "sync": 0.0, "optimizer step": 0.0})
     rank = [step(0.010, 0.010), step(0.013, 0.010), step(0.010, 0.013), step(0.013, 0.010), step(0.010, 0.013)]
-    med, _, parts = _measured_row([rank])
+    med, _, parts, _ = _measured_row([rank])
     assert med == pytest.approx(0.024) and parts["compute"] == pytest.approx(0.010)
     assert parts["transfer"] == pytest.approx(0.010)
     assert parts["overhead"] == pytest.approx(0.001)          # not 0.024 - 0.020
@@ -83,7 +84,7 @@ def test_the_measured_parts_are_the_busiest_ranks_as_on_the_simulated_side():
     the most compute and optimizer time."""
     waits = {"fwd": 0.01, "bwd": 0.01, "exchange": 0.05, "grad exchange": 0.0, "sync": 0.0, "optimizer step": 0.001}
     works = {"fwd": 0.03, "bwd": 0.03, "exchange": 0.01, "grad exchange": 0.0, "sync": 0.0, "optimizer step": 0.002}
-    med, _, parts = _measured_row([[(0.075, waits)] * 3, [(0.074, works)] * 3])
+    med, _, parts, _ = _measured_row([[(0.075, waits)] * 3, [(0.074, works)] * 3])
     assert med == pytest.approx(0.075)
     assert parts["compute"] == pytest.approx(0.06) and parts["transfer"] == pytest.approx(0.01)
     assert parts["overhead"] == pytest.approx(0.074 - 0.072)
@@ -307,6 +308,21 @@ def test_strategies_train_in_blocks_of_consecutive_steps(monkeypatch):
         assert [s for j, s in log if j == name] == list(range(5 + 30 + 2 * accuracy.REWARM))
 
 
+def test_more_steps_come_in_more_blocks_of_about_ten(monkeypatch):
+    """90 timed steps come in 9 blocks of 10 per strategy, not 3 of 30: a longer measurement
+    spreads over more of the machine's spells, and the ops get a pass per block round."""
+    from autopar.trainer import accuracy
+    assert [accuracy.rounds(n) for n in (3, 30, 45, 90)] == [3, 3, 4, 9]
+    log = []
+    monkeypatch.setattr(accuracy, "Trainer", _logging_trainer(log, lambda job, step: job))
+    monkeypatch.setattr(accuracy.dist, "barrier", lambda: None)
+    out = accuracy._measure(0, 2, ["a", "b"], warmup=5, steps=90)
+    assert [len(o) for o in out] == [90, 90]
+    runs = [len(list(g)) for _, g in itertools.groupby(log)]
+    assert runs == [15, 27] + [24] * 7 + [12]          # 5 + 10, then 2 + 10 a block; rounds alternate order
+    assert [len(list(g)) for k, g in itertools.groupby(log) if k == "a"] == [15, 24, 24, 24, 24]
+
+
 def test_the_ops_are_timed_between_the_blocks_one_pass_a_round(monkeypatch):
     """With a profile to take, each round passes over the model's task shapes once, a share of
     them before each block, in lockstep with the other ranks (`lockstep_task` at the barrier)."""
@@ -327,7 +343,7 @@ def test_the_ops_are_timed_between_the_blocks_one_pass_a_round(monkeypatch):
     monkeypatch.setattr(cost, "engine_overhead", lambda device: (0.0, 0.0))
     items = ["i0", "i1", "i2"]
     steps, passes = accuracy._measure(0, 2, jobs, warmup=1, steps=3, profile=(items, "CPU-core", 5))
-    assert [len(o) for o in steps] == [3, 3] and passes == [[(1.0, 2.0, None)] * accuracy.ROUNDS] * 3
+    assert [len(o) for o in steps] == [3, 3] and passes == [[(1.0, 2.0, None)] * accuracy.rounds(3)] * 3
     # Round 1: i0 before a's block, i1 and i2 before b's; round 2 (reversed): i0 before b's block.
     assert log[:4] == [("op", "i0"), ("step", "a"), ("step", "a"), ("op", "i1")]
     assert log[4:7] == [("op", "i2"), ("step", "b"), ("step", "b")]
