@@ -6,7 +6,8 @@ import sys
 import time
 from typing import Any
 
-from autopar.planner.sim import SimulationResult, TaskGraphBuilder, check_fits, simulate_strategy, simulated_trace
+from autopar.planner.sim import (SimulationResult, TaskGraphBuilder, check_fits, loss_allreduce_s, simulate_strategy,
+                                 simulated_trace)
 
 from ._common import Problem, emit_json, fmt_bytes, fmt_seconds, load_problem, resolve_strategy, warn
 
@@ -24,13 +25,14 @@ def _row(problem: Problem, builder, name, strategy, res: SimulationResult, wall:
     batch = problem.graph.batch_size
     used = sorted(strategy.devices_used())
     busy = [res.compute_busy[d] for d in used]
+    step = res.step_time + loss_allreduce_s(builder)     # a trained step ends in its loss's all-reduce, as planned
     return {
         "strategy": name,
-        "step_seconds": res.step_time,
-        "samples_per_second": batch / res.step_time,
-        "samples_per_second_per_device": batch / res.step_time / max(1, len(used)),
+        "step_seconds": step,
+        "samples_per_second": batch / step,
+        "samples_per_second_per_device": batch / step / max(1, len(used)),
         "devices_used": len(used),
-        "mean_compute_utilization": (sum(busy) / len(busy) / res.step_time) if busy else 0.0,
+        "mean_compute_utilization": (sum(busy) / len(busy) / step) if busy else 0.0,
         "bytes_moved": res.bytes_moved,
         "tasks": res.num_tasks,
         "peak_memory_bytes": {topo.devices[d].name: res.peak_memory[d] for d in used},

@@ -221,7 +221,7 @@ def make_plan(prepared: Prepared, topology: DeviceTopology, cost, *, progress: b
     """The plan of ``spec.planner``: the search (`auto`, `mcmc`), OptCNN, a named baseline, or the
     pinned plan file (`plan_text`, or ``planRef.path``), simulated beside data parallelism."""
     from autopar.planner.search import named_strategy, plan
-    from autopar.planner.sim import TaskGraphBuilder, simulate_strategy
+    from autopar.planner.sim import TaskGraphBuilder, loss_allreduce_s, simulate_strategy
 
     settings = prepared.job.spec.planner
     optimizer = prepared.job.spec.training.optimizer
@@ -242,8 +242,9 @@ def make_plan(prepared: Prepared, topology: DeviceTopology, cost, *, progress: b
         strategy = named_strategy(settings.algorithm, graph, topology)
     res, _, _ = simulate_strategy(builder, strategy)
     dp_res, _, _ = simulate_strategy(builder, named_strategy("data-parallel", graph, topology))
-    return PlanOutcome(strategy, settings.algorithm, res.step_time, dp_res.step_time, time.perf_counter() - t0,
-                       notes=list(strategy.notes))
+    loss = loss_allreduce_s(builder)     # each trained step ends in it, as the search's steps hold it
+    return PlanOutcome(strategy, settings.algorithm, res.step_time + loss, dp_res.step_time + loss,
+                       time.perf_counter() - t0, notes=list(strategy.notes))
 
 
 def recorded_plan(prepared: Prepared, topology: DeviceTopology, path: str | Path) -> PlanOutcome:

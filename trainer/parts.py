@@ -53,17 +53,19 @@ def simulate_parts(builder, strategy, barrier: bool = True) -> tuple[float, dict
     """The simulated step of `strategy` (`builder`: a `planner.sim.TaskGraphBuilder`), its parts
     (`planner.sim.step_parts`) on its busiest device, and that device's simulated peak memory in
     bytes.  `barrier`: the measured steps each start at a barrier (`autopar bench accuracy`), so
-    a rank's parts end with its own step; without one (`autopar train`), a rank done early waits
-    for its peers in the next step's exchanges.  Where the builder does not model the trainer (no
-    runtime calibration, as for the paper's GPU topologies) there are no parts: None, and the
-    largest device's peak."""
-    from autopar.planner.sim import simulate_strategy, step_parts
+    a rank's parts end with its own step; without one (`autopar train`), every rank ends its step
+    in the all-reduce of the step's loss, which waits for the slowest rank and then lasts its
+    calibrated time (`planner.sim.loss_allreduce_s`): the step is the makespan and that, as the
+    search reports it.  Where the builder does not model the trainer (no runtime calibration, as
+    for the paper's GPU topologies) there are no parts: None, and the largest device's peak."""
+    from autopar.planner.sim import loss_allreduce_s, simulate_strategy, step_parts
     res, tl, tg = simulate_strategy(builder, strategy)
     if builder.runtime is None:
         return res.step_time, None, max(res.peak_memory.values(), default=0)
     per_device = step_parts(builder, tg, tl, barrier)
     dev = busiest_device(per_device)
-    return res.step_time, per_device[dev], res.peak_memory.get(dev, 0)
+    seconds = res.step_time + (0.0 if barrier else loss_allreduce_s(builder))
+    return seconds, per_device[dev], res.peak_memory.get(dev, 0)
 
 
 def furthest_off(simulated: Mapping[str, float], measured: Mapping[str, float]) -> str:

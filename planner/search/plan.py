@@ -30,7 +30,9 @@ Steps (FlexFlow sec. 6 and 8):
    the end of their share.  (With 4 s of MCMC on inception_v3 at 16 GPUs the branches chain
    used to stop after 1.6 s and leave 1.4 s that no restart could take.)
 5. The answer is the fastest candidate that fits in memory, re-simulated from scratch (full
-   simulation) so the reported time is never a delta artefact.  When nothing beats data
+   simulation) so the reported time is never a delta artefact.  Every candidate's step holds
+   the all-reduce of the step's loss that ends a trained step (`planner.sim.loss_allreduce_s`,
+   where the runtime is calibrated), so the plan file records what `autopar train` measures.  When nothing beats data
    parallelism, the result is data parallelism and `note` says so.  When nothing fits, an
    `OutOfMemoryError` says by how much.
 """
@@ -51,6 +53,7 @@ from ..sim.evaluate import simulate_strategy
 from ..sim.gc_regime import frozen_heap
 from ..sim.memory import check_fits
 from ..sim.taskgraph import OPTIMIZER_STATES, DeltaSession, TaskGraphBuilder
+from ..sim.trainer_model import loss_allreduce_s
 from ..sim.waits import has_arrival_noise
 from . import experts
 from ._estimate import estimate_tasks
@@ -321,6 +324,7 @@ def _evaluate(builder: TaskGraphBuilder, name: str, build, seconds: float | None
             # The session times mean arrivals, as the chain will; the candidates are compared as
             # every command reports a step, with each wait at its mean (`planner.sim.waits`).
             step = simulate_strategy(builder, strategy)[0].step_time
+    step += loss_allreduce_s(builder)        # the same for every strategy: it ranks them as the chains do
     return Candidate(name, strategy, step, peak, fits, seconds if seconds is not None else time.perf_counter() - t0)
 
 

@@ -25,10 +25,12 @@ from .memory import check_fits, peak_memory
 from .simulator import DeltaSimulator, TaskGraph, TaskInfo, Timeline, simulate
 from .taskgraph import OPTIMIZER_STATES, DeltaSession, TaskGraphBuilder, Transfer
 from .trace import device_process_name, simulated_trace
-from .trainer_model import COALESCE_BYTES, STEP_PARTS, requires_grad, step_parts, trainer_calibration
+from .trainer_model import (COALESCE_BYTES, STEP_PARTS, loss_allreduce_s, requires_grad, step_parts,
+                            trainer_calibration)
 from .waits import has_arrival_noise
 
 __all__ = ["COALESCE_BYTES", "DEFAULT_BUCKET_BYTES", "MIN_TASK_SECONDS", "OPTIMIZER_STATES", "STEP_PARTS", "SyncBucket", "plan_buckets", "DeltaSession", "DeltaSimulator", "SimulationResult", "TaskGraph",
            "TaskGraphBuilder", "TaskInfo", "Timeline", "Transfer", "check_fits", "device_process_name", "frozen_heap",
-           "gc_paused", "has_arrival_noise", "peak_memory", "refreeze", "requires_grad", "simulate", "simulate_strategy", "simulated_trace",
+           "gc_paused", "has_arrival_noise", "loss_allreduce_s", "peak_memory", "refreeze", "requires_grad",
+           "simulate", "simulate_strategy", "simulated_trace",
            "step_parts", "summarize", "trainer_calibration"]

@@ -910,6 +910,20 @@ def sync_plan(b, holdings: dict) -> tuple:
 #: The parts of a step, as the trainer's phase timers split a measured one (`step_parts`).
 STEP_PARTS = ("compute", "transfer", "synchronization", "optimizer", "overhead")
 
+#: Bytes of the step's loss that the ranks all-reduce at its end (`trainer.session.Trainer.global_loss`: float64).
+LOSS_BYTES = 8
+
+
+def loss_allreduce_s(b) -> float:
+    """Seconds of the all-reduce of the step's loss that ends every rank's step in `autopar train`
+    (`trainer.session.Trainer.global_loss`), at the calibrated all-reduce time among all of builder
+    `b`'s devices; 0 with one device or without a runtime calibration (the paper's GPU topologies).
+    A step that users train and compare with a prediction holds it (`planner.search.plan`,
+    `autopar simulate`, `trainer.parts.simulate_parts` without a barrier); the benchmark's steps,
+    timed from a barrier to each rank's optimizer step, do not."""
+    rt: RuntimeCalibration | None = b.runtime
+    return rt.allreduce_time(LOSS_BYTES, b.num_devices) if rt is not None and b.num_devices > 1 else 0.0
+
 
 def step_parts(b, tg, tl, barrier: bool = True) -> dict[int, dict[str, float]]:
     """Per device, the simulated step (task graph `tg`, timeline `tl` of builder `b`) in the parts
@@ -940,7 +954,8 @@ def step_parts(b, tg, tl, barrier: bool = True) -> dict[int, dict[str, float]]:
     times them), that rank's step ends there, and so do its parts; their sum is its own step.
     Without one (`autopar train`), every rank ends its step in the all-reduce of the step's loss
     (`trainer.session.Trainer.global_loss`), where one done early waits for the slowest: the rest
-    of the makespan is synchronization, and every device's parts add up to the step.  (Counting it
+    of the makespan is synchronization, and so is that all-reduce (`loss_allreduce_s`), and every
+    device's parts add up to the step: the makespan and the all-reduce.  (Counting it
     as overhead put 5-7 ms of the peers' backward pass into the overhead of rnnlm's expert rows,
     twice what their rank measured, in every kept run: docs/simulation.md, "Twenty-fifth round";
     until the forty-fourth round it was counted as transfer, on the belief that such a rank went
@@ -992,10 +1007,11 @@ def step_parts(b, tg, tl, barrier: bool = True) -> dict[int, dict[str, float]]:
             out[res]["compute"] += info.duration
         elif len(key) == 4 and key == bucket_beside(key[1], res):   # the backward ops beside an all-reduce
             out[res]["compute"] += info.duration
+    loss = 0.0 if barrier else loss_allreduce_s(b)
     for d, part in out.items():
         end = tl.end[optimizer_step(d)]
         if not barrier:
-            part["synchronization"] += tl.makespan - end
-            end = tl.makespan
+            part["synchronization"] += tl.makespan - end + loss
+            end = tl.makespan + loss
         part["overhead"] = max(0.0, end - sum(part[p] for p in STEP_PARTS if p != "overhead"))
     return out

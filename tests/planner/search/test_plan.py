@@ -10,6 +10,7 @@ from autopar.planner.hardware.presets import get_preset
 from autopar.planner.search.plan import plan
 from autopar.planner.sim.evaluate import simulate_strategy
 from autopar.planner.sim.taskgraph import TaskGraphBuilder
+from autopar.planner.sim.trainer_model import loss_allreduce_s
 
 from ._graphs import diamond, mlp, rnn
 
@@ -159,7 +160,8 @@ def test_a_new_users_first_simulate_then_plan_succeeds(tmp_path):
 
 def test_with_arrival_noise_every_candidate_is_compared_as_a_full_simulation_reports_it():
     """The chains rank plans on mean arrivals (delta simulation); the candidates the plan is chosen
-    from are each timed with their waits at their means, as every command reports a step."""
+    from are each timed with their waits at their means, as every command reports a step, and
+    with the all-reduce of the step's loss that ends every trained step."""
     from autopar.planner.cost import Curve, ProfileCache
     from autopar.planner.cost.calibration import default_calibration
     graph = rnn()
@@ -172,7 +174,9 @@ def test_with_arrival_noise_every_candidate_is_compared_as_a_full_simulation_rep
     r = plan(graph, topo, cost, budget_s=1e9, placement_budget_s=1e9, max_proposals=20, seed=1)
     builder = TaskGraphBuilder(graph, topo, cost)
     assert builder.runtime.jitter == 2e-4
+    loss = loss_allreduce_s(builder)
+    assert loss == builder.runtime.allreduce_time(8, 2) > 0
     for name, c in r.candidates.items():
         if c.strategy is not None and c.step_time is not None and name != "mcmc":
-            assert c.step_time == simulate_strategy(builder, c.strategy)[0].step_time, name
-    assert r.step_time == simulate_strategy(builder, r.strategy)[0].step_time
+            assert c.step_time == simulate_strategy(builder, c.strategy)[0].step_time + loss, name
+    assert r.step_time == simulate_strategy(builder, r.strategy)[0].step_time + loss

@@ -584,7 +584,7 @@ def test_a_simulated_step_splits_into_the_parts_the_trainers_phases_time():
     the backward pass ends (the rnn's leaves slices' backward after it, which the all-reduce
     holds up on the ranks' cores instead)."""
     from autopar.planner.ir import single_device
-    from autopar.planner.sim import STEP_PARTS, step_parts
+    from autopar.planner.sim import STEP_PARTS, loss_allreduce_s, step_parts
 
     g = rnn(steps=3)
     topo = get_preset("local:2")
@@ -596,8 +596,8 @@ def test_a_simulated_step_splits_into_the_parts_the_trainers_phases_time():
         for d, p in out.items():
             assert set(p) == set(STEP_PARTS) and min(p.values()) >= 0
             assert sum(p.values()) == pytest.approx(tl.end[optimizer_step(d)], rel=1e-9)
-        for p in step_parts(b, tg, tl, barrier=False).values():
-            assert sum(p.values()) == pytest.approx(res.step_time, rel=1e-9)
+        for p in step_parts(b, tg, tl, barrier=False).values():    # and the loss's all-reduce
+            assert sum(p.values()) == pytest.approx(res.step_time + loss_allreduce_s(b), rel=1e-9)
         assert max(sum(p.values()) for p in out.values()) == pytest.approx(res.step_time, rel=1e-9)
         return out
 
@@ -652,10 +652,11 @@ def test_a_rank_done_before_the_step_ends_has_parts_up_to_its_own_end():
     pass is done while device 0's still runs.  Where steps start at a barrier (the benchmark),
     device 1's parts end with its own optimizer step, before the makespan, and none of device 0's
     backward pass is its overhead; without the barrier (`autopar train`), it waits for its peer
-    in the all-reduce of the step's loss that ends every step, and that wait is synchronization.
-    Its other parts are the same either way."""
+    in the all-reduce of the step's loss that ends every step, and that wait is synchronization,
+    as is the all-reduce itself (its calibrated time for 8 B between the 2 ranks).  Its other
+    parts are the same either way."""
     from autopar.planner.ir import ParallelConfig
-    from autopar.planner.sim import STEP_PARTS, step_parts
+    from autopar.planner.sim import STEP_PARTS, loss_allreduce_s, step_parts
 
     g = mlp()
     half = len(g.ops) // 2
@@ -666,11 +667,13 @@ def test_a_rank_done_before_the_step_ends_has_parts_up_to_its_own_end():
     ends = {d: tl.end[optimizer_step(d)] for d in (0, 1)}
     assert ends[1] < ends[0] == pytest.approx(res.step_time, rel=1e-9)
     timed, steady = step_parts(b, tg, tl), step_parts(b, tg, tl, barrier=False)
+    loss = loss_allreduce_s(b)
+    assert loss == b.runtime.allreduce_time(8, 2) > 0
     for d in (0, 1):
         assert sum(timed[d].values()) == pytest.approx(ends[d], rel=1e-9)
-        assert sum(steady[d].values()) == pytest.approx(res.step_time, rel=1e-9)
+        assert sum(steady[d].values()) == pytest.approx(res.step_time + loss, rel=1e-9)
         assert (steady[d]["synchronization"] - timed[d]["synchronization"]
-                == pytest.approx(res.step_time - ends[d], abs=1e-12))
+                == pytest.approx(res.step_time - ends[d] + loss, abs=1e-12))
         for p in set(STEP_PARTS) - {"synchronization"}:
             assert steady[d][p] == pytest.approx(timed[d][p], abs=1e-12)
 
