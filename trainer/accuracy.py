@@ -28,7 +28,12 @@ overheads, point-to-point and all-reduce times under load, the optimizer), as `a
    its measurement (``same_plan_as``): measured twice, the noise between two runs of one plan
    (7.5 % once here) would make the searched plan look slower than itself.  Between the blocks
    the two ranks time the model's task shapes again, and the rows are priced with those times
-   (``row_profile``, below); step 3's prices are reported beside them.
+   (``row_profile``, below); step 3's prices are reported beside them.  They also step the
+   calibration's two in-situ message workloads there (`MESSAGE_STEPS` timed steps of each at each
+   of its batches), and the rows price their messages -- latencies, staging and arrival noise --
+   as those steps measured them (`message_calibration`, kept in the model's during-steps file);
+   priced with the calibration's, taken before the first model, they are reported beside
+   (``simulated_calibration_messages_s``, ``calibration_messages`` in the totals).
 
 Per row: ``simulated_s``, ``measured_s`` (median step), ``cv`` (coefficient of variation of the
 measured steps), ``error`` = simulated / measured - 1, ``step_s`` (each timed step's seconds, in
@@ -89,6 +94,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -124,7 +130,7 @@ TARGETS = {"median_abs_error": 0.05, "p90_abs_error": 0.10, "max_abs_error": 0.2
 
 def _settings(quick: bool) -> dict[str, Any]:
     return {"warmup": 5, "steps": 30, "search_budget_s": 10.0 if quick else 30.0, "random_plans": 2,
-            "profile_repeats": 5, "diagnose": True}
+            "profile_repeats": 5, "diagnose": True, "message_steps": MESSAGE_STEPS}
 
 
 # -- strategies ------------------------------------------------------------------------------------
@@ -189,7 +195,7 @@ def rounds(steps: int) -> int:
 
 
 def _measure(rank: int, world: int, jobs: list[Job], warmup: int, steps: int,
-             profile: tuple[list, str, int] | None = None) -> Any:
+             profile: tuple[list, str, int] | None = None, messages: int = 0) -> Any:
     """Train every job in blocks of consecutive steps; per job, (seconds, phases) of each timed step.
 
     A strategy trains as a user's run does, one step after another: stepping the strategies in
@@ -203,8 +209,16 @@ def _measure(rank: int, world: int, jobs: list[Job], warmup: int, steps: int,
     in lockstep by all ranks between the blocks (`lockstep_task`, as `autopar profile`'s workers
     measure them): one pass over them per round, a share of it before each block, so that the ops
     are timed in the same minutes as the steps, spread over them as the steps are.  A block's
-    untimed steps warm its caches again after the share.  Returns (steps, per item the passes'
-    (forward, backward, error, and where measured the back-to-back forward and backward)) then."""
+    untimed steps warm its caches again after the share.
+
+    `messages`: that many timed steps of each of the calibration's in-situ workloads at each of
+    their batches (`trainer.calibrate.InSituSteps`, two-way and one-way), spread over the rounds
+    as the ops are (a share of them before each block, each batch's steps after one untimed
+    step), so that the messages are timed in the steps' minutes too (`message_calibration`).
+
+    With `profile` or `messages`, returns (steps, per item the passes' (forward, backward, error,
+    and where measured the back-to-back forward and backward), per in-situ workload its records
+    per batch (`InSituSteps.out`; an empty list without `messages`))."""
     trainers = [Trainer(job, rank, world, ProcessGroups()) for job in jobs]
     out: list[list[tuple[float, dict]]] = [[] for _ in trainers]
     done = [0] * len(trainers)
@@ -217,6 +231,12 @@ def _measure(rank: int, world: int, jobs: list[Job], warmup: int, steps: int,
         measured = [[] for _ in items]
         overhead = engine_overhead(torch.device("cpu"))
         graph, module = jobs[0].graph, jobs[0].spec.module
+    chains: list[Any] = []
+    if messages:
+        from .calibrate import IN_SITU_BATCHES, InSituSteps
+        chains = [InSituSteps(rank, world, one_way) for one_way in (False, True)]
+        chain_steps = [(c, batch) for c in chains for batch in IN_SITU_BATCHES]
+        stepped = [0] * len(chain_steps)
     n_rounds = rounds(steps)
     for r in range(n_rounds):
         block = steps // n_rounds + (1 if r < steps % n_rounds else 0)
@@ -228,6 +248,13 @@ def _measure(rank: int, world: int, jobs: list[Job], warmup: int, steps: int,
                     hot: list[float] = []
                     measured[n].append((*lockstep_task(graph, module, kind, items[n], dist.barrier, repeats=repeats,
                                                        warmup=2, budget=2.0, overhead=overhead, hot=hot), *hot))
+            if messages:
+                timed = messages // n_rounds + (1 if r < messages % n_rounds else 0)
+                for n in range(j * len(chain_steps) // len(order), (j + 1) * len(chain_steps) // len(order)):
+                    chain, batch = chain_steps[n]
+                    for i in range(1 + timed):
+                        chain.step(batch, stepped[n], timed=i > 0)
+                        stepped[n] += 1
             tr = trainers[k]
             for i in range(skip + block):
                 dist.barrier()
@@ -237,7 +264,9 @@ def _measure(rank: int, world: int, jobs: list[Job], warmup: int, steps: int,
                 done[k] += 1
                 if i >= skip:
                     out[k].append((seconds, dict(tr.runtime.phases)))
-    return out if profile is None else (out, measured)
+    if profile is None and not messages:
+        return out
+    return out, measured, [c.out for c in chains]
 
 
 def _measured_row(per_rank: list[list[tuple[float, dict]]]) -> tuple[float, float, dict[str, float], list[float]]:
@@ -578,18 +607,76 @@ def sync_steps(builder, strategy, simulated_with_s: float, measured: dict[str, A
     each lasts the simulator's 1 ns, with nothing beside it, `RuntimeCalibration.bucket_time`).  Which of the two a data-parallel
     row's error comes from, the step's compute or what its synchronization adds; reported, never
     applied."""
-    from dataclasses import replace
-
-    from autopar.planner.sim import TaskGraphBuilder
-    off = TaskGraphBuilder(builder.graph, builder.topology, builder.cost, builder.optimizer,
-                           runtime=replace(builder.runtime, allreduce_in_step=0.0),
-                           bucket_bytes=builder.bucket_bytes)
-    without = simulate_parts(off, strategy)[0]
+    without = simulate_parts(_with_runtime(builder, replace(builder.runtime, allreduce_in_step=0.0)), strategy)[0]
     return {"steps": measured["steps"], "measured_with_s": measured["with_s"],
             "measured_without_s": measured["without_s"],
             "simulated_with_s": simulated_with_s, "simulated_without_s": without,
             "error_with": simulated_with_s / measured["with_s"] - 1.0,
             "error_without": without / measured["without_s"] - 1.0}
+
+
+#: Timed steps of each in-situ workload at each batch that `_measure` takes between the blocks of
+#: a model's steps: the full calibration's (`trainer.calibrate.Settings.in_situ_steps`).
+MESSAGE_STEPS = 30
+#: The fields of a `RuntimeCalibration` that the in-situ workloads measure (`trainer.calibrate.in_step_messages`).
+MESSAGE_FIELDS = ("p2p", "p2p_oneway", "send_call", "staging", "post_s", "send_wait_s", "jitter", "latency_var",
+                  "leave_var")
+
+
+def _message_fields(cal: Any) -> dict[str, Any]:
+    return {f: getattr(cal, f) for f in MESSAGE_FIELDS}
+
+
+def message_calibration(calibration: Any, chains: Any) -> Any:
+    """`calibration` with what the in-situ workloads measured between the blocks of a model's steps
+    (`_measure`'s third result, per rank: the two-way and the one-way workload's records) in place
+    of its own messages (`MESSAGE_FIELDS`, `trainer.calibrate.in_step_messages`): the messages as
+    the steps' minutes passed them, as the ops are timed between the blocks.  Beyond the largest
+    size the latencies follow the calibration's microbenchmark (its median curve, where kept).
+
+    Why: on a 2-vCPU Xeon VM the benchmark's calibration, minutes before the steps, put a 2 KiB
+    one-way message at 970 us with an sd of 1957 us, while probes minutes later measured 109-254
+    us, and every row it missed was over by its transfers (docs/simulation.md, "Forty-fifth
+    round"); the messages are as much the machine's as the ops are."""
+    from autopar.planner.cost import Curve
+
+    from .calibrate import in_step_messages
+    wire = dict(calibration.details).get("p2p_median")
+    tuned, details = in_step_messages(calibration, [c[0] for c in chains], [c[1] for c in chains],
+                                      wire=Curve.from_json(wire) if wire else None)
+    base = dict(calibration.details)
+    return replace(tuned, details=tuple(sorted({**base, **details, "messages_between_blocks": True}.items())))
+
+
+def message_line(cal: Any) -> str:
+    """The messages of `message_calibration` in a few numbers, for the benchmark's log."""
+    us = 1e6
+    words = [f"two-way {cal.p2p(2 << 10) * us:.0f} us at 2 KiB and {cal.p2p(1 << 20) * us:.0f} us at 1 MiB"]
+    if cal.p2p_oneway is not None:
+        words.append(f"one-way {cal.message_time(2 << 10, two_way=False) * us:.0f} and "
+                     f"{cal.message_time(1 << 20, two_way=False) * us:.0f} us")
+    if cal.latency_var is not None:
+        words.append(f"one-way latency sd {cal.latency_var(2 << 10) ** 0.5 * us:.0f} us at 2 KiB")
+    return ", ".join(words)
+
+
+def _with_runtime(builder, runtime) -> Any:
+    from autopar.planner.sim import TaskGraphBuilder
+    return TaskGraphBuilder(builder.graph, builder.topology, builder.cost, builder.optimizer, runtime=runtime,
+                            bucket_bytes=builder.bucket_bytes)
+
+
+def calibration_message_totals(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The rows' errors with the messages as the benchmark's calibration measured them before the
+    models (``simulated_calibration_messages_s``), reported beside the rows, which are priced with
+    the messages timed between the blocks of their steps (`message_calibration`); None where no
+    row has it."""
+    rows = [r for r in rows if "simulated_calibration_messages_s" in r]
+    if not rows:
+        return None
+    return {"about": "each row simulated with the messages (latencies, staging, arrival noise) as the calibration "
+                     "before the models measured them, the ops as the rows are priced",
+            **_error_stats([r["simulated_calibration_messages_s"] / r["measured_s"] - 1.0 for r in rows])}
 
 
 def _mean_arrivals(builder, plans: dict[str, Any]) -> dict[str, float]:
@@ -817,13 +904,18 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
             probes.append(speed_probe())
             t0 = time.perf_counter()
             items = profile_items(graph, WORLD, kind)
-            per_rank, passes = zip(*run_local(_measure, WORLD, (jobs, cfg["warmup"], cfg["steps"],
-                                                                (items, kind, cfg["profile_repeats"]))))
+            per_rank, passes, chains = zip(*run_local(_measure, WORLD, (jobs, cfg["warmup"], cfg["steps"],
+                                                                        (items, kind, cfg["profile_repeats"]),
+                                                                        cfg["message_steps"])))
             during = ProfileCache(path=folder / f"{graph.name}-{DURING_STEPS}.json")
             report = lockstep_costs(during, cache, graph, items, passes, kind)
+            in_steps_cal = message_calibration(calibration, chains) if cfg["message_steps"] else None
+            if in_steps_cal is not None:
+                during.put_calibration(in_steps_cal)
             during.save()
             log(f"  trained {len(jobs)} strategies x {cfg['warmup'] + cfg['steps']} steps and profiled "
-                f"{len(report.measured)} task shapes between their blocks in {time.perf_counter() - t0:.0f} s")
+                f"{len(report.measured)} task shapes between their blocks in {time.perf_counter() - t0:.0f} s"
+                + (f"; the messages timed between them: {message_line(in_steps_cal)}" if in_steps_cal else ""))
             probes.append(speed_probe())
             after = (_profile_again(model, options, graph, cache, folder, "after_steps", cfg, log)
                      if cfg["diagnose"] else None)
@@ -831,6 +923,9 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
             # the search's profile, what `autopar plan` believed, is reported beside (module docstring).
             in_steps = TaskGraphBuilder(graph, topology, CostModel(during).bind(graph), _OPT.name)
             priced = {name: simulate_parts(in_steps, s) for name, s in chosen.items()}
+            # ... and with the messages as the calibration before the model timed them, beside.
+            before = (_with_runtime(in_steps, replace(in_steps.runtime, **_message_fields(calibration)))
+                      if in_steps_cal is not None else None)
             mean_arrivals = _mean_arrivals(in_steps, chosen)
             diagnosed = (_diagnose(model, options, graph, topology, cache, {n: chosen[n] for n in unique},
                                    folder, after, cfg, log) if cfg["diagnose"] else {})
@@ -858,6 +953,8 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
                 row["off"] = furthest_off(sparts, mparts)
                 if mean_arrivals:
                     row["simulated_mean_arrivals_s"] = mean_arrivals[name]
+                if before is not None:
+                    row["simulated_calibration_messages_s"] = simulate_parts(before, chosen[name])[0]
                 row["peak_memory_bytes"] = peak
                 if diagnosed:
                     row["diagnosis"] = _row_diagnosis(med, mparts,
@@ -878,6 +975,8 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
            "search_profile": search_profile_totals(rows),
            "diagnosis": diagnosis_totals(rows),
            "mean_arrivals": mean_arrival_totals(rows),
+           "calibration_messages": calibration_message_totals(rows),
+           "message_steps": cfg["message_steps"],
            "machine_speed": {"probe": "median seconds of a fixed one-thread compute-bound and memory-bound "
                                       "workload, of a pass over half the last-level cache, and of the memory-bound one "
                                       "with a second core running it too (`speed_probe`), "
@@ -923,6 +1022,12 @@ def print_table(doc: dict[str, Any]) -> None:
                       f"ops timed between the steps' blocks): median |error| "
                       f"{100 * beside['median_abs_error']:.1f} %, p90 {100 * beside['p90_abs_error']:.1f} %, "
                       f"max {100 * beside['max_abs_error']:.1f} %, mean {100 * beside['mean_error']:+.1f} %")
+    messages = doc.get("calibration_messages")
+    if messages:
+        console.print(f"with the messages as the calibration before the models measured them (the rows above price "
+                      f"them as timed between the steps' blocks): median |error| "
+                      f"{100 * messages['median_abs_error']:.1f} %, p90 {100 * messages['p90_abs_error']:.1f} %, "
+                      f"max {100 * messages['max_abs_error']:.1f} %, mean {100 * messages['mean_error']:+.1f} %")
     speed = doc.get("machine_speed", {}).get("per_model")
     if speed:
         console.print("machine speed during the steps against the profile (probe time, > 1: slower): "

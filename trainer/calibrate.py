@@ -1201,21 +1201,13 @@ def calibrate(world: int, *, quick: bool = False, progress: Callable[[str], None
         say(f"messages inside training steps (a model-parallel chain on {world} ranks, "
             f"{len(IN_SITU_BATCHES)} message sizes)")
         in_situ = run_local(_in_situ_rank, world, (cfg,))
-        staging, staged = staging_curves(in_situ)
-        post_s, posted = receive_posting(in_situ)
-        send_wait_s, waited = send_waits(in_situ)
-        cal = replace(cal, staging=staging, post_s=post_s, send_wait_s=send_wait_s)
-        details["staging"] = staged
-        details["posting"] = posted
-        details["send_waits"] = waited
         say(f"one-way messages inside training steps (the chain's ops on ranks 0 and 1 in turn, "
             f"{len(IN_SITU_BATCHES)} message sizes)")
         one_way = run_local(_in_situ_rank, world, (cfg, True))
-        jitter, latency_var, leave_var, noise = arrival_noise(in_situ, one_way)
-        cal = replace(cal, jitter=jitter, latency_var=latency_var, leave_var=leave_var)
-        details["arrival_noise"] = noise
-        cal, fit = fit_exchange_latency(cal, world, cfg, in_situ, wire=p2p_median, one_way=one_way)
-        details["in_situ"] = fit
+        microbenchmark = cal
+        cal, measured = in_step_messages(cal, in_situ, one_way, wire=p2p_median)
+        details.update(measured)
+        details["in_situ"] = exchange_latency_check(cal, microbenchmark, world, cfg, in_situ, measured["in_situ"])
         say(f"messages of one exchange on {world} ranks (one and two each way)")
         serial, means = message_serial(run_local(_batch_rank, world, (cfg,)))
         cal = replace(cal, message_serial_s=serial)
@@ -1344,6 +1336,95 @@ def _nbytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
+class InSituSteps:
+    """The in-situ workload (`in_situ_job`) on this rank at each of `batches`, stepped one step at
+    a time (`step`), every step instrumented as `_in_situ_rank` describes; `out` holds the
+    timed steps' records per batch.  The runtime's functions are wrapped only inside `step`, so
+    that other trainers in the same process (`trainer.accuracy._measure`) step unwrapped."""
+
+    def __init__(self, rank: int, world: int, one_way: bool = False,
+                 batches: Sequence[int] = IN_SITU_BATCHES):
+        from . import runtime as rt_mod
+        from .comm import ProcessGroups, RecvAhead
+        from .session import Trainer
+        self._rt, self._ahead = rt_mod, RecvAhead
+        names = ["exchange_many", "wait_all"] + [name for name, _, _ in _STAGING_FUNCTIONS]
+        self._inner = {name: getattr(rt_mod, name) for name in names}
+        self._post = RecvAhead._post
+        self._calls: list[tuple[float, float, int]] = []
+        self._acc = [[0.0, 0, 0] for _ in STAGING_PARTS]
+        self._posting = [0.0, 0]
+        self._waiting = [0.0, 0]
+        self.trainers = {batch: Trainer(in_situ_job(world, batch, one_way), rank, world, ProcessGroups())
+                         for batch in batches}
+        self.out: dict[int, dict[str, list]] = {batch: {"times": [], "calls": [], "staging": [], "posting": [],
+                                                        "send_waits": []} for batch in batches}
+
+    def _timed_post(self, ahead, through=-1):
+        before = sum(map(len, ahead._posted.values()))
+        t0 = time.perf_counter()
+        self._post(ahead, through)
+        self._posting[0] += time.perf_counter() - t0
+        self._posting[1] += sum(map(len, ahead._posted.values())) - before
+
+    def _timed_wait_all(self, pending):
+        sends = len(pending)
+        t0 = time.perf_counter()
+        self._inner["wait_all"](pending)
+        self._waiting[0] += time.perf_counter() - t0
+        self._waiting[1] += sends
+
+    def _exchange(self, sends, recvs, device, pending, ahead=None):
+        t0 = time.perf_counter()
+        got = self._inner["exchange_many"](sends, recvs, device, pending, ahead)
+        self._calls.append((t0, time.perf_counter(), _nbytes(got.values())))
+        return got
+
+    def _staged(self, name: str, part: int, count: Callable):
+        fn = self._inner[name]
+
+        def wrapper(*args, **kwargs):
+            t0 = time.perf_counter()
+            out = fn(*args, **kwargs)
+            seconds = time.perf_counter() - t0
+            nbytes = count(args, out)
+            if nbytes:
+                a = self._acc[part]
+                a[0] += seconds
+                a[1] += nbytes
+                a[2] += 1
+            return out
+        return wrapper
+
+    def step(self, batch: int, s: int, timed: bool = True) -> None:
+        """Step `batch`'s trainer (its step `s`) from a barrier of all ranks, and record the step
+        in `out` when `timed`."""
+        self._calls.clear()
+        for a in self._acc:
+            a[:] = [0.0, 0, 0]
+        self._posting[:] = [0.0, 0]
+        self._waiting[:] = [0.0, 0]
+        with contextlib.ExitStack() as patches:
+            patches.enter_context(_patched(self._rt, "exchange_many", self._exchange))
+            # a plain function on the class, so that a `RecvAhead` calls it as its method
+            patches.enter_context(_patched(self._ahead, "_post", lambda ahead, through=-1: self._timed_post(ahead,
+                                                                                                          through)))
+            patches.enter_context(_patched(self._rt, "wait_all", self._timed_wait_all))
+            for name, part, count in _STAGING_FUNCTIONS:
+                patches.enter_context(_patched(self._rt, name, self._staged(name, part, count)))
+            dist.barrier()
+            t0 = time.perf_counter()
+            self.trainers[batch].train_step(s)
+            seconds = time.perf_counter() - t0
+        if timed:
+            rows = self.out[batch]
+            rows["times"].append(seconds)
+            rows["calls"].append(list(self._calls))
+            rows["staging"].append([tuple(a) for a in self._acc])
+            rows["posting"].append(tuple(self._posting))
+            rows["send_waits"].append(tuple(self._waiting))
+
+
 def _in_situ_rank(rank: int, world: int, cfg: "Settings", one_way: bool = False) -> dict[int, dict[str, list]]:
     """The in-situ workload (`in_situ_job`) at each of `IN_SITU_BATCHES` on this rank; per batch,
     per timed step: its seconds (``times``); every `exchange_many` call, when it was entered and
@@ -1352,81 +1433,11 @@ def _in_situ_rank(rank: int, world: int, cfg: "Settings", one_way: bool = False)
     that staged no byte not counted (``staging``); (seconds, receives) the runtime spent
     posting receives ahead (`trainer.comm.RecvAhead`, ``posting``); and (seconds, sends) it spent
     waiting for the step's send requests as the step ends (`trainer.comm.wait_all`, ``send_waits``)."""
-    from . import runtime as rt_mod
-    from .comm import ProcessGroups, RecvAhead
-    from .session import Trainer
-    names = ["exchange_many", "wait_all"] + [name for name, _, _ in _STAGING_FUNCTIONS]
-    inner = {name: getattr(rt_mod, name) for name in names}
-    calls: list[tuple[float, float, int]] = []
-    acc = [[0.0, 0, 0] for _ in STAGING_PARTS]
-    posting = [0.0, 0]
-    waiting = [0.0, 0]
-    post = RecvAhead._post
-
-    def timed_post(ahead, through=-1):
-        before = sum(map(len, ahead._posted.values()))
-        t0 = time.perf_counter()
-        post(ahead, through)
-        posting[0] += time.perf_counter() - t0
-        posting[1] += sum(map(len, ahead._posted.values())) - before
-
-    def timed_wait_all(pending):
-        sends = len(pending)
-        t0 = time.perf_counter()
-        inner["wait_all"](pending)
-        waiting[0] += time.perf_counter() - t0
-        waiting[1] += sends
-
-    def exchange(sends, recvs, device, pending, ahead=None):
-        t0 = time.perf_counter()
-        got = inner["exchange_many"](sends, recvs, device, pending, ahead)
-        calls.append((t0, time.perf_counter(), _nbytes(got.values())))
-        return got
-
-    def staged(name, part, count):
-        fn = inner[name]
-
-        def wrapper(*args, **kwargs):
-            t0 = time.perf_counter()
-            out = fn(*args, **kwargs)
-            seconds = time.perf_counter() - t0
-            nbytes = count(args, out)
-            if nbytes:
-                a = acc[part]
-                a[0] += seconds
-                a[1] += nbytes
-                a[2] += 1
-            return out
-        return wrapper
-
-    with contextlib.ExitStack() as patches:
-        patches.enter_context(_patched(rt_mod, "exchange_many", exchange))
-        patches.enter_context(_patched(RecvAhead, "_post", timed_post))
-        patches.enter_context(_patched(rt_mod, "wait_all", timed_wait_all))
-        for name, part, count in _STAGING_FUNCTIONS:
-            patches.enter_context(_patched(rt_mod, name, staged(name, part, count)))
-        trainers = {batch: Trainer(in_situ_job(world, batch, one_way), rank, world, ProcessGroups())
-                    for batch in IN_SITU_BATCHES}
-        out = {batch: {"times": [], "calls": [], "staging": [], "posting": [], "send_waits": []}
-               for batch in IN_SITU_BATCHES}
-        # The batches' steps in turn (`_interleaved`, stage 6 of the module docstring).
-        for s, batch in _interleaved(IN_SITU_BATCHES, cfg.warmup_steps + cfg.in_situ_steps):
-            tr, rows = trainers[batch], out[batch]
-            dist.barrier()
-            calls.clear()
-            for a in acc:
-                a[:] = [0.0, 0, 0]
-            posting[:] = [0.0, 0]
-            waiting[:] = [0.0, 0]
-            t0 = time.perf_counter()
-            tr.train_step(s)
-            if s >= cfg.warmup_steps:
-                rows["times"].append(time.perf_counter() - t0)
-                rows["calls"].append(list(calls))
-                rows["staging"].append([tuple(a) for a in acc])
-                rows["posting"].append(tuple(posting))
-                rows["send_waits"].append(tuple(waiting))
-    return out
+    steps = InSituSteps(rank, world, one_way)
+    # The batches' steps in turn (`_interleaved`, stage 6 of the module docstring).
+    for s, batch in _interleaved(IN_SITU_BATCHES, cfg.warmup_steps + cfg.in_situ_steps):
+        steps.step(batch, s, timed=s >= cfg.warmup_steps)
+    return steps.out
 
 
 def _per_item(per_rank: list[dict[int, dict[str, list]]], column: str) -> tuple[float, int]:
@@ -1648,8 +1659,29 @@ def in_step_curve(runs: list[dict[int, dict[str, list]]], latencies: Callable,
     return Curve.fit(points), per_size
 
 
-def fit_exchange_latency(cal: RuntimeCalibration, world: int, cfg: "Settings",
-                         in_situ: list[dict[int, dict[str, list]]],
+def in_step_messages(cal: RuntimeCalibration, in_situ: list[dict[int, dict[str, list]]],
+                     one_way: list[dict[int, dict[str, list]]],
+                     wire: Curve | None = None) -> tuple[RuntimeCalibration, dict[str, Any]]:
+    """`cal` with all that the in-situ workloads' runs measure (`_in_situ_rank`, per rank, per
+    batch: `in_situ` of the two-way chain, `one_way` of the one-way one) in place of its own:
+    the staging (`staging_curves`), the posting of receives (`receive_posting`), the waits for
+    sends (`send_waits`), the arrival noise (`arrival_noise`) and the message latencies
+    (`fit_exchange_latency`; beyond the largest size they follow `wire`, or else `cal`'s p2p
+    curve).  Also the details, by the names `calibrate` keeps them under (``in_situ``: the
+    latencies per size).  `calibrate` runs them in processes of their own; the accuracy benchmark
+    also between the blocks of a model's steps (`trainer.accuracy._measure`)."""
+    staging, staged = staging_curves(in_situ)
+    post_s, posted = receive_posting(in_situ)
+    send_wait_s, waited = send_waits(in_situ)
+    jitter, latency_var, leave_var, noise = arrival_noise(in_situ, one_way)
+    cal = replace(cal, staging=staging, post_s=post_s, send_wait_s=send_wait_s, jitter=jitter,
+                  latency_var=latency_var, leave_var=leave_var)
+    cal, latencies = fit_exchange_latency(cal, in_situ, wire=wire, one_way=one_way)
+    return cal, {"staging": staged, "posting": posted, "send_waits": waited, "arrival_noise": noise,
+                 "in_situ": latencies}
+
+
+def fit_exchange_latency(cal: RuntimeCalibration, in_situ: list[dict[int, dict[str, list]]],
                          wire: Curve | None = None,
                          one_way: list[dict[int, dict[str, list]]] | None = None) -> tuple[RuntimeCalibration, dict]:
     """`cal` with its point-to-point curve set to what messages take inside real steps.
@@ -1669,25 +1701,34 @@ def fit_exchange_latency(cal: RuntimeCalibration, world: int, cfg: "Settings",
     more than between idle ranks too: on this machine 1 MiB took 0.83 ms (median) in the chain
     and 0.33 ms in the microbenchmark.
 
-    A measurement, not a fit: the step time the simulator predicts for the workload at
-    `IN_SITU_BATCH` with this calibration (its ops profiled as `autopar profile` does) is kept
-    beside the measured one in the details as a check.  (An earlier version instead chose the
-    latency that made that prediction equal to the measured step; it absorbed every error of the
-    ops' profile into the latency, which moved from 0.08 to 1.3 ms between calibrations of the
-    same machine.)"""
-    from autopar.planner.cost import CostModel, ProfileCache, kind_of, profile_ops
-    from autopar.planner.hardware import get_preset
-    from autopar.planner.sim import TaskGraphBuilder, simulate_strategy
-
+    The curves' statistics per size are the details (``per_size``, and ``one_way`` where
+    measured); `exchange_latency_check` adds the check `calibrate` keeps beside them."""
     shape = wire if wire is not None else cal.p2p
     p2p, per_size = in_step_curve(in_situ, message_latencies, shape)
     tuned = replace(cal, p2p=p2p)
-    one_way_sizes = None
+    latencies: dict[str, Any] = {"batches": list(IN_SITU_BATCHES), "per_size": per_size}
     if one_way is not None:     # ``p2p_oneway``, from the one-way workload's runs, at the median
         oneway, one_way_sizes = in_step_curve(one_way, one_way_latencies, shape, "median_s")
         # and the sender's own call (``send_call``), which grows with the bytes past the last size
         sending, send_sizes = in_step_curve(one_way, send_calls, None, "median_s")
         tuned = replace(tuned, p2p_oneway=oneway, send_call=sending)
+        latencies["one_way"] = {"strategy": ONE_WAY_STRATEGY, "per_size": one_way_sizes,
+                                "send_call_per_size": send_sizes}
+    return tuned, latencies
+
+
+def exchange_latency_check(tuned: RuntimeCalibration, microbenchmark: RuntimeCalibration, world: int,
+                           cfg: "Settings", in_situ: list[dict[int, dict[str, list]]],
+                           latencies: dict[str, Any]) -> dict[str, Any]:
+    """`latencies` (`fit_exchange_latency`'s details) with a check beside them: the step time the
+    simulator predicts for the two-way workload at `IN_SITU_BATCH` with the `tuned` calibration
+    (its ops profiled as `autopar profile` does) and with the `microbenchmark`'s message curves,
+    and the measured one.  A measurement, not a fit: an earlier version chose the latency that
+    made that prediction equal to the measured step; it absorbed every error of the ops' profile
+    into the latency, which moved from 0.08 to 1.3 ms between calibrations of the same machine."""
+    from autopar.planner.cost import CostModel, ProfileCache, kind_of, profile_ops
+    from autopar.planner.hardware import get_preset
+    from autopar.planner.sim import TaskGraphBuilder, simulate_strategy
 
     job = in_situ_job(world)
     check = [r[IN_SITU_BATCH] for r in in_situ]
@@ -1708,16 +1749,15 @@ def fit_exchange_latency(cal: RuntimeCalibration, world: int, cfg: "Settings",
     def predicted(c: RuntimeCalibration) -> float:
         return simulate_strategy(TaskGraphBuilder(graph, topology, cost, "sgd", runtime=c), strategy)[0].step_time
 
-    at = next(p for p in per_size if p["batch"] == IN_SITU_BATCH)
-    fit = {"workload": job.spec.description, "strategy": strategy.name, "batches": list(IN_SITU_BATCHES),
-           "per_size": per_size, "measured_step_s": statistics.median(steps), "steps": len(steps),
-           "messages": at["messages"], "message_bytes": at["message_bytes"], "latency_mean_s": at["mean_s"],
-           "latency_median_s": at["median_s"], "latency_p90_s": at["p90_s"],
-           "microbenchmark_s": cal.p2p(at["message_bytes"]), "predicted_step_s": predicted(tuned),
-           "predicted_at_microbenchmark_s": predicted(cal)}
-    if one_way_sizes is not None:
-        fit["one_way"] = {"strategy": ONE_WAY_STRATEGY, "per_size": one_way_sizes, "send_call_per_size": send_sizes}
-    return tuned, fit
+    untuned = replace(tuned, p2p=microbenchmark.p2p, p2p_oneway=microbenchmark.p2p_oneway,
+                      send_call=microbenchmark.send_call)
+    at = next(p for p in latencies["per_size"] if p["batch"] == IN_SITU_BATCH)
+    return {"workload": job.spec.description, "strategy": strategy.name, **latencies,
+            "measured_step_s": statistics.median(steps), "steps": len(steps),
+            "messages": at["messages"], "message_bytes": at["message_bytes"], "latency_mean_s": at["mean_s"],
+            "latency_median_s": at["median_s"], "latency_p90_s": at["p90_s"],
+            "microbenchmark_s": microbenchmark.p2p(at["message_bytes"]), "predicted_step_s": predicted(tuned),
+            "predicted_at_microbenchmark_s": predicted(untuned)}
 
 
 def summary(cal: RuntimeCalibration) -> dict[str, Any]:

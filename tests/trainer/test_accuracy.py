@@ -94,7 +94,8 @@ def test_the_measured_parts_are_the_busiest_ranks_as_on_the_simulated_side():
 def test_a_small_accuracy_run_reports_every_row_and_the_totals(tmp_path):
     kept = tmp_path / "run"
     doc = run_accuracy_bench(models=(("lenet", {"batch": 16, "image": 20}),), progress=False,
-                             warmup=1, steps=3, search_budget_s=1.0, quick_calibration=True, keep=kept)
+                             warmup=1, steps=3, search_budget_s=1.0, quick_calibration=True, keep=kept,
+                             message_steps=3)
     assert len(doc["rows"]) >= 6 and {r["strategy"] for r in doc["rows"]} >= {"data-parallel", "searched"}
     for r in doc["rows"]:
         assert r["simulated_s"] > 0 and r["measured_s"] > 0 and r["error"] == pytest.approx(
@@ -123,6 +124,11 @@ def test_a_small_accuracy_run_reports_every_row_and_the_totals(tmp_path):
     during = ProfileCache.load(kept / "lenet-during_steps.json", keep_stale=True, host_workers=2)
     cold = {k.split("|", 1)[1] for k in during if "cold" in k.split("|", 1)[0]}
     assert CostModel(during).has_cold and cold <= {k.split("|", 1)[1] for k in during if "cold" not in k}
+    # ... and with the messages the ranks timed between the blocks; the calibration's beside.
+    (in_steps,) = during.calibrations()
+    assert dict(in_steps.details)["messages_between_blocks"] and in_steps.p2p_oneway is not None
+    assert doc["message_steps"] == 3 and doc["calibration_messages"]["max_abs_error"] >= 0
+    assert all(r["simulated_calibration_messages_s"] > 0 for r in doc["rows"])
     for r in doc["rows"]:   # profiled again after the steps, both ways, and simulated with each
         d = r["diagnosis"]
         assert r["peak_memory_bytes"] > 0
@@ -342,12 +348,84 @@ def test_the_ops_are_timed_between_the_blocks_one_pass_a_round(monkeypatch):
     monkeypatch.setattr(cost, "lockstep_task", fake_task)
     monkeypatch.setattr(cost, "engine_overhead", lambda device: (0.0, 0.0))
     items = ["i0", "i1", "i2"]
-    steps, passes = accuracy._measure(0, 2, jobs, warmup=1, steps=3, profile=(items, "CPU-core", 5))
+    steps, passes, chains = accuracy._measure(0, 2, jobs, warmup=1, steps=3, profile=(items, "CPU-core", 5))
     assert [len(o) for o in steps] == [3, 3] and passes == [[(1.0, 2.0, None)] * accuracy.rounds(3)] * 3
+    assert chains == []
     # Round 1: i0 before a's block, i1 and i2 before b's; round 2 (reversed): i0 before b's block.
     assert log[:4] == [("op", "i0"), ("step", "a"), ("step", "a"), ("op", "i1")]
     assert log[4:7] == [("op", "i2"), ("step", "b"), ("step", "b")]
     assert log[7:9] == [("op", "i0"), ("step", "b")]
+
+
+def test_the_messages_are_timed_between_the_blocks_a_share_of_their_steps_each_round(monkeypatch):
+    """With `messages`, each round steps both in-situ workloads at every batch, a share of them
+    before each block, each batch's timed steps after one untimed step; over the rounds every
+    batch gets `messages` timed steps, and its step numbers run on."""
+    from autopar.trainer import accuracy, calibrate
+    log = []
+
+    class FakeChain:
+        def __init__(self, rank, world, one_way=False):
+            self.one_way, self.out = one_way, {}
+
+        def step(self, batch, s, timed=True):
+            log.append(("msg", self.one_way, batch, s, timed))
+            self.out.setdefault(batch, []).append(s) if timed else None
+
+    monkeypatch.setattr(accuracy, "Trainer", _logging_trainer(log, lambda job, step: ("step", job)))
+    monkeypatch.setattr(accuracy.dist, "barrier", lambda: None)
+    monkeypatch.setattr(calibrate, "InSituSteps", FakeChain)
+    monkeypatch.setattr(calibrate, "IN_SITU_BATCHES", (2, 8))
+    steps, passes, chains = accuracy._measure(0, 2, ["a", "b"], warmup=1, steps=3, messages=7)
+    assert [len(o) for o in steps] == [3, 3] and passes == []
+    # 7 timed steps in 3 rounds: 3, 2, 2, each batch's after one untimed step; numbers run on.
+    assert chains == [{2: [1, 2, 3, 5, 6, 8, 9], 8: [1, 2, 3, 5, 6, 8, 9]}] * 2
+    # Round 1: two-way 2 and 8 before a's block, one-way 2 and 8 before b's.
+    first = [(e[1], e[2]) for e in log[:20] if e[0] == "msg"]
+    assert first == [(False, 2)] * 4 + [(False, 8)] * 4 + [(True, 2)] * 4 + [(True, 8)] * 4
+    assert log[8] == ("step", "a") and log[8 + 2 + 8] == ("step", "b")
+
+
+def test_the_messages_timed_between_the_blocks_replace_the_calibrations_own():
+    """`message_calibration` puts what the in-situ workloads measured in place of the
+    calibration's messages (latencies, staging, arrival noise) and keeps the rest."""
+    from autopar.planner.cost import Curve, default_calibration
+    from autopar.trainer import accuracy
+    from autopar.trainer.calibrate import IN_SITU_BATCHES
+
+    def records(slow, one_way, rank):
+        """Rank `rank`'s records, 4 steps a batch: every message takes `slow` or twice that (odd
+        steps); two-way, both ranks receive in both calls, rank 1 entering the first 0.1 ms late;
+        one way, rank 0 sends in the first call and rank 1 in the second."""
+        out = {}
+        for k, batch in enumerate(IN_SITU_BATCHES):
+            size, steps = 1024 * (k + 1), []
+            for s in range(4):
+                t, lat = 10.0 * s + k, slow * (1 + s % 2)
+                if one_way:
+                    calls = ([(t, t + 1e-5, 0), (t + 0.01 + 1e-5, t + 0.01 + lat, size)] if rank == 0 else
+                             [(t + 1e-5, t + lat, size), (t + 0.01, t + 0.01 + 1e-5, 0)])
+                else:
+                    calls = [(t + 1e-4 * rank, t + lat, size), (t + 0.01, t + 0.01 + slow, size)]
+                steps.append(calls)
+            out[batch] = {"times": [0.01] * 4, "calls": steps, "staging": [[(1e-5, size, 1)] * 4] * 4,
+                          "posting": [(1e-5, 2)] * 4, "send_waits": [(2e-5, 1)] * 4}
+        return out
+
+    cal = default_calibration("CPU-core", "gloo", 2)
+    chains = [[records(1e-3, False, r), records(2e-3, True, r)] for r in (0, 1)]
+    got = accuracy.message_calibration(cal, chains)
+    assert got.optimizer == cal.optimizer and got.allreduce == cal.allreduce and got.fwd_task_s == cal.fwd_task_s
+    assert got.p2p != cal.p2p and got.p2p_oneway is not None and got.send_call is not None
+    assert got.post_s == pytest.approx(5e-6) and got.send_wait_s == pytest.approx(2e-5)
+    assert got.latency_var is not None and got.leave_var is not None
+    assert dict(got.details)["messages_between_blocks"] is True
+    # Two-way: from the later entry to the return, the mean (1.4 ms in the first calls, 1 ms in the
+    # second); one way: from the sender's entry to the receiver's return, the median (1.5 x 2 ms).
+    assert got.p2p(1024) == pytest.approx(1.2e-3) and got.p2p(3072) == pytest.approx(1.2e-3)
+    assert got.p2p_oneway(2048) == pytest.approx(3e-3)
+    assert got.p2p(64 << 20) > got.p2p(4 << 20) > got.p2p(1 << 20)     # beyond, the microbenchmark's shape
+    assert "one-way" in accuracy.message_line(got) and isinstance(got.p2p, Curve)
 
 
 def test_the_residual_factor_is_fitted_on_some_models_and_scored_on_the_others():
