@@ -641,10 +641,10 @@ def message_calibration(calibration: Any, chains: Any) -> Any:
     from autopar.planner.cost import Curve
 
     from .calibrate import in_step_messages
-    wire = dict(calibration.details).get("p2p_median")
+    base = dict(calibration.details)
+    wire = base.get("p2p_median")
     tuned, details = in_step_messages(calibration, [c[0] for c in chains], [c[1] for c in chains],
                                       wire=Curve.from_json(wire) if wire else None)
-    base = dict(calibration.details)
     return replace(tuned, details=tuple(sorted({**base, **details, "messages_between_blocks": True}.items())))
 
 
@@ -1018,16 +1018,12 @@ def print_table(doc: dict[str, Any]) -> None:
         f"searched / best measured {searched} ({t['searched_vs_best_measured']}){beaten}")
     beside = doc.get("search_profile")
     if beside:
-        console.print(f"with the search's profile (what `autopar plan` believed; the rows above are priced with the "
-                      f"ops timed between the steps' blocks): median |error| "
-                      f"{100 * beside['median_abs_error']:.1f} %, p90 {100 * beside['p90_abs_error']:.1f} %, "
-                      f"max {100 * beside['max_abs_error']:.1f} %, mean {100 * beside['mean_error']:+.1f} %")
+        console.print("with the search's profile (what `autopar plan` believed; the rows above are priced with the "
+                      "ops timed between the steps' blocks): " + _errors_words(beside))
     messages = doc.get("calibration_messages")
     if messages:
-        console.print(f"with the messages as the calibration before the models measured them (the rows above price "
-                      f"them as timed between the steps' blocks): median |error| "
-                      f"{100 * messages['median_abs_error']:.1f} %, p90 {100 * messages['p90_abs_error']:.1f} %, "
-                      f"max {100 * messages['max_abs_error']:.1f} %, mean {100 * messages['mean_error']:+.1f} %")
+        console.print("with the messages as the calibration before the models measured them (the rows above price "
+                      "them as timed between the steps' blocks): " + _errors_words(messages))
     speed = doc.get("machine_speed", {}).get("per_model")
     if speed:
         console.print("machine speed during the steps against the profile (probe time, > 1: slower): "
@@ -1061,6 +1057,12 @@ def print_table(doc: dict[str, Any]) -> None:
             + f"; each row at the level of its model's other rows: median |error| {100 * h['median_abs_error']:.1f} %, "
               f"p90 {100 * h['p90_abs_error']:.1f} %, max {100 * h['max_abs_error']:.1f} %, "
               f"mean {100 * h['mean_error']:+.1f} %")
+
+
+def _errors_words(t: dict[str, Any]) -> str:
+    """Median, p90, max absolute and mean signed error of totals `t` (`_error_stats`), for people."""
+    return (f"median |error| {100 * t['median_abs_error']:.1f} %, p90 {100 * t['p90_abs_error']:.1f} %, "
+            f"max {100 * t['max_abs_error']:.1f} %, mean {100 * t['mean_error']:+.1f} %")
 
 
 def _held_out_line(what: str, fit: dict[str, Any]) -> str:
