@@ -33,7 +33,11 @@ overheads, point-to-point and all-reduce times under load, the optimizer), as `a
    of its batches), and the rows price their messages -- latencies, staging and arrival noise --
    as those steps measured them (`message_calibration`, kept in the model's during-steps file);
    priced with the calibration's, taken before the first model, they are reported beside
-   (``simulated_calibration_messages_s``, ``calibration_messages`` in the totals).
+   (``simulated_calibration_messages_s``, ``calibration_messages`` in the totals).  Likewise the
+   calibration's optimizer cases (`OPTIMIZER_STEPS` timed steps of each, `own_calibration`) and the
+   model whole on each rank, as `trainer.calibrate.model_overheads` steps it before the search
+   (`OWN_STEPS`, `own_overheads`: the runtime's own work per op); priced with those timed before
+   the model, the rows are reported beside (``simulated_calibration_own_s``, ``calibration_own``).
 
 Per row: ``simulated_s``, ``measured_s`` (median step), ``cv`` (coefficient of variation of the
 measured steps), ``error`` = simulated / measured - 1, ``step_s`` (each timed step's seconds, in
@@ -95,6 +99,7 @@ import tempfile
 import threading
 import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
@@ -130,7 +135,8 @@ TARGETS = {"median_abs_error": 0.05, "p90_abs_error": 0.10, "max_abs_error": 0.2
 
 def _settings(quick: bool) -> dict[str, Any]:
     return {"warmup": 5, "steps": 30, "search_budget_s": 10.0 if quick else 30.0, "random_plans": 2,
-            "profile_repeats": 5, "diagnose": True, "message_steps": MESSAGE_STEPS}
+            "profile_repeats": 5, "diagnose": True, "message_steps": MESSAGE_STEPS,
+            "optimizer_steps": OPTIMIZER_STEPS, "own_steps": OWN_STEPS}
 
 
 # -- strategies ------------------------------------------------------------------------------------
@@ -195,7 +201,8 @@ def rounds(steps: int) -> int:
 
 
 def _measure(rank: int, world: int, jobs: list[Job], warmup: int, steps: int,
-             profile: tuple[list, str, int] | None = None, messages: int = 0) -> Any:
+             profile: tuple[list, str, int] | None = None, messages: int = 0, optimizer: int = 0,
+             own: int = 0) -> Any:
     """Train every job in blocks of consecutive steps; per job, (seconds, phases) of each timed step.
 
     A strategy trains as a user's run does, one step after another: stepping the strategies in
@@ -211,14 +218,22 @@ def _measure(rank: int, world: int, jobs: list[Job], warmup: int, steps: int,
     are timed in the same minutes as the steps, spread over them as the steps are.  A block's
     untimed steps warm its caches again after the share.
 
-    `messages`: that many timed steps of each of the calibration's in-situ workloads at each of
-    their batches (`trainer.calibrate.InSituSteps`, two-way and one-way), spread over the rounds
-    as the ops are (a share of them before each block, each batch's steps after one untimed
-    step), so that the messages are timed in the steps' minutes too (`message_calibration`).
+    The calibration's workloads are stepped between the blocks too, each a share of its timed steps
+    per round, each share after one untimed step, the shares spread over the blocks as the ops are,
+    so that what they measure is the steps' minutes' too:
 
-    With `profile` or `messages`, returns (steps, per item the passes' (forward, backward, error,
+    * `messages`: that many timed steps of each in-situ workload at each of its batches
+      (`trainer.calibrate.InSituSteps`, two-way and one-way; `message_calibration`);
+    * `optimizer`: that many of each of the calibration's optimizer cases, with the benchmark's
+      optimizer (`trainer.calibrate.OptimizerSteps`; `own_calibration`);
+    * `own`: that many steps of the model whole on each rank (`trainer.calibrate.ModelOverheadSteps`:
+      the runtime's own work between its spans; `own_overheads`).
+
+    With `profile` or any of them, returns (steps, per item the passes' (forward, backward, error,
     and where measured the back-to-back forward and backward), per in-situ workload its records
-    per batch (`InSituSteps.out`; an empty list without `messages`))."""
+    per batch (`InSituSteps.out`; an empty list without `messages`), and a dict with
+    ``optimizer`` (`OptimizerSteps.samples`) and ``overheads`` (`ModelOverheadSteps.result`) where
+    timed)."""
     trainers = [Trainer(job, rank, world, ProcessGroups()) for job in jobs]
     out: list[list[tuple[float, dict]]] = [[] for _ in trainers]
     done = [0] * len(trainers)
@@ -231,12 +246,30 @@ def _measure(rank: int, world: int, jobs: list[Job], warmup: int, steps: int,
         measured = [[] for _ in items]
         overhead = engine_overhead(torch.device("cpu"))
         graph, module = jobs[0].graph, jobs[0].spec.module
+    # (step(s, timed), its timed steps in all) of every workload stepped between the blocks
+    units: list[tuple[Callable[[int, bool], None], int]] = []
     chains: list[Any] = []
     if messages:
         from .calibrate import IN_SITU_BATCHES, InSituSteps
         chains = [InSituSteps(rank, world, one_way) for one_way in (False, True)]
-        chain_steps = [(c, batch) for c in chains for batch in IN_SITU_BATCHES]
-        stepped = [0] * len(chain_steps)
+        units += [(partial(c.step, batch), messages) for c in chains for batch in IN_SITU_BATCHES]
+    opt_steps = own_steps = None
+    if optimizer:
+        from .calibrate import OptimizerSteps, settings
+        opt_steps = OptimizerSteps(rank, world, settings(False).optimizer_cases, _OPT.name)
+        units += [(partial(opt_steps.step, n), optimizer) for n in range(len(opt_steps.trainers))]
+    if own:
+        from autopar.planner.ir import single_device
+
+        from .calibrate import ModelOverheadSteps
+        whole = Job(jobs[0].config, jobs[0].spec, jobs[0].graph, single_device(jobs[0].graph, rank))
+        try:
+            own_steps = ModelOverheadSteps(Trainer(whole, rank, world, ProcessGroups()))
+        except AutoparError:    # a rank cannot hold the model whole: its overheads stay as measured before
+            pass
+        else:
+            units.append((own_steps.step, own))
+    stepped = [0] * len(units)
     n_rounds = rounds(steps)
     for r in range(n_rounds):
         block = steps // n_rounds + (1 if r < steps % n_rounds else 0)
@@ -248,13 +281,12 @@ def _measure(rank: int, world: int, jobs: list[Job], warmup: int, steps: int,
                     hot: list[float] = []
                     measured[n].append((*lockstep_task(graph, module, kind, items[n], dist.barrier, repeats=repeats,
                                                        warmup=2, budget=2.0, overhead=overhead, hot=hot), *hot))
-            if messages:
-                timed = messages // n_rounds + (1 if r < messages % n_rounds else 0)
-                for n in range(j * len(chain_steps) // len(order), (j + 1) * len(chain_steps) // len(order)):
-                    chain, batch = chain_steps[n]
-                    for i in range(1 + timed):
-                        chain.step(batch, stepped[n], timed=i > 0)
-                        stepped[n] += 1
+            for n in range(j * len(units) // len(order), (j + 1) * len(units) // len(order)):
+                step, total = units[n]
+                timed = total // n_rounds + (1 if r < total % n_rounds else 0)
+                for i in range(1 + timed):
+                    step(stepped[n], i > 0)
+                    stepped[n] += 1
             tr = trainers[k]
             for i in range(skip + block):
                 dist.barrier()
@@ -264,9 +296,11 @@ def _measure(rank: int, world: int, jobs: list[Job], warmup: int, steps: int,
                 done[k] += 1
                 if i >= skip:
                     out[k].append((seconds, dict(tr.runtime.phases)))
-    if profile is None and not messages:
+    if profile is None and not units:
         return out
-    return out, measured, [c.out for c in chains]
+    timed_own = {**({"optimizer": opt_steps.samples()} if opt_steps else {}),
+                 **({"overheads": own_steps.result()} if own_steps else {})}
+    return out, measured, [c.out for c in chains], timed_own
 
 
 def _measured_row(per_rank: list[list[tuple[float, dict]]]) -> tuple[float, float, dict[str, float], list[float]]:
@@ -648,6 +682,53 @@ def message_calibration(calibration: Any, chains: Any) -> Any:
     return replace(tuned, details=tuple(sorted({**base, **details, "messages_between_blocks": True}.items())))
 
 
+#: Timed steps of each of the calibration's optimizer cases, and of the model whole on each rank,
+#: that `_measure` takes between the blocks of a model's steps: the full calibration's
+#: (`trainer.calibrate.Settings.optimizer_repeats`) and `trainer.calibrate.model_overheads`'
+#: (`trainer.calibrate.MODEL_STEPS`).
+OPTIMIZER_STEPS = 9
+OWN_STEPS = 12
+
+
+def own_calibration(calibration: Any, timed: Any) -> Any:
+    """`calibration` with the benchmark's optimizer (`_OPT`) fitted (`trainer.calibrate.fit_optimizer`)
+    to what its cases measured between the blocks of a model's steps (`_measure`'s fourth result,
+    per rank: ``optimizer``, each case's median; per case the median over the ranks, as the
+    calibration takes them), the other optimizers as they were; `calibration` itself where nothing
+    was timed.
+
+    Why: the optimizer step is memory-bound, as much the machine's as the ops are, and it was
+    timed once, before the first model: over 16 kept runs its part came out 0.64-1.41x of the
+    measured, the same way for every model of a run (docs/simulation.md, "Forty-seventh round")."""
+    from .calibrate import fit_optimizer
+    per_rank = [t["optimizer"] for t in timed if t.get("optimizer")]
+    if not per_rank:
+        return calibration
+    samples = [(t, b, statistics.median(r[k][2] for r in per_rank)) for k, (t, b, _) in enumerate(per_rank[0])]
+    per_tensor, per_byte = fit_optimizer(samples)
+    optimizer = [o for o in calibration.optimizer if o[0] != _OPT.name] + [(_OPT.name, per_tensor, per_byte)]
+    details = {**dict(calibration.details), "optimizer_between_blocks": [list(x) for x in samples]}
+    return replace(calibration, optimizer=tuple(sorted(optimizer)), details=tuple(sorted(details.items())))
+
+
+def own_overheads(costs: Any, calibration: Any, fingerprint: str, timed: Any) -> dict[str, float] | None:
+    """Put into `costs` (a `ProfileCache` holding `calibration`) the runtime's own work per forward
+    and backward task, and per exchange call that moves nothing, as the model's whole steps on each
+    rank measured them between the blocks of its steps (`_measure`'s fourth result: ``overheads``,
+    `trainer.calibrate.overheads_of`), in place of `trainer.calibrate.model_overheads`' before the
+    search; what its all-reduces add stays.  Returns them in microseconds, or None where nothing
+    was timed."""
+    from .calibrate import overheads_of
+    per_rank = [t["overheads"] for t in timed if t.get("overheads")]
+    if not per_rank:
+        return None
+    fwd, bwd, calls = overheads_of(per_rank)
+    costs.put_overheads(calibration, fingerprint, fwd, bwd, per_rank[0]["steps"], exchange=calls,
+                        allreduce_in_step=costs.allreduce_in_step(calibration, fingerprint))
+    return {"fwd_task_us": round(fwd * 1e6, 1), "bwd_task_us": round(bwd * 1e6, 1),
+            "exchange_call_us": [round(t * 1e6, 1) for t in calls]}
+
+
 def message_line(cal: Any) -> str:
     """The messages of `message_calibration` in a few numbers, for the benchmark's log."""
     us = 1e6
@@ -660,10 +741,25 @@ def message_line(cal: Any) -> str:
     return ", ".join(words)
 
 
+def own_line(cal: Any, name: str) -> str:
+    """Optimizer `name`'s coefficients in `cal`, for the benchmark's log."""
+    per_tensor, per_byte = next((t, b) for n, t, b in cal.optimizer if n == name)
+    return f"{per_tensor * 1e6:.0f} us per tensor and {per_byte * 1e6 * (1 << 20):.0f} us per MiB"
+
+
 def _with_runtime(builder, runtime) -> Any:
     from autopar.planner.sim import TaskGraphBuilder
     return TaskGraphBuilder(builder.graph, builder.topology, builder.cost, builder.optimizer, runtime=runtime,
                             bucket_bytes=builder.bucket_bytes)
+
+
+def _beside(rows: list[dict[str, Any]], key: str, about: str) -> dict[str, Any] | None:
+    """The error statistics of the rows' `key` (a step simulated otherwise, reported beside the
+    rows'), with `about`; None where no row has it."""
+    rows = [r for r in rows if key in r]
+    if not rows:
+        return None
+    return {"about": about, **_error_stats([r[key] / r["measured_s"] - 1.0 for r in rows])}
 
 
 def calibration_message_totals(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -671,12 +767,19 @@ def calibration_message_totals(rows: list[dict[str, Any]]) -> dict[str, Any] | N
     models (``simulated_calibration_messages_s``), reported beside the rows, which are priced with
     the messages timed between the blocks of their steps (`message_calibration`); None where no
     row has it."""
-    rows = [r for r in rows if "simulated_calibration_messages_s" in r]
-    if not rows:
-        return None
-    return {"about": "each row simulated with the messages (latencies, staging, arrival noise) as the calibration "
-                     "before the models measured them, the ops as the rows are priced",
-            **_error_stats([r["simulated_calibration_messages_s"] / r["measured_s"] - 1.0 for r in rows])}
+    return _beside(rows, "simulated_calibration_messages_s",
+                   "each row simulated with the messages (latencies, staging, arrival noise) as the calibration "
+                   "before the models measured them, the ops as the rows are priced")
+
+
+def calibration_own_totals(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The rows' errors with the optimizer as the benchmark's calibration measured it before the
+    models and the runtime's own work per op as the model's steps before its search did
+    (``simulated_calibration_own_s``), reported beside the rows, which are priced with both timed
+    between the blocks of their steps (`own_calibration`, `own_overheads`); None where no row has it."""
+    return _beside(rows, "simulated_calibration_own_s",
+                   "each row simulated with the optimizer and the runtime's own work per op as timed before the "
+                   "model's steps, the ops and the messages as the rows are priced")
 
 
 def _mean_arrivals(builder, plans: dict[str, Any]) -> dict[str, float]:
@@ -904,18 +1007,32 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
             probes.append(speed_probe())
             t0 = time.perf_counter()
             items = profile_items(graph, WORLD, kind)
-            per_rank, passes, chains = zip(*run_local(_measure, WORLD, (jobs, cfg["warmup"], cfg["steps"],
-                                                                        (items, kind, cfg["profile_repeats"]),
-                                                                        cfg["message_steps"])))
+            per_rank, passes, chains, timed = zip(*run_local(
+                _measure, WORLD, (jobs, cfg["warmup"], cfg["steps"], (items, kind, cfg["profile_repeats"]),
+                                  cfg["message_steps"], cfg["optimizer_steps"], cfg["own_steps"])))
             during = ProfileCache(path=folder / f"{graph.name}-{DURING_STEPS}.json")
             report = lockstep_costs(during, cache, graph, items, passes, kind)
             in_steps_cal = message_calibration(calibration, chains) if cfg["message_steps"] else None
             if in_steps_cal is not None:
                 during.put_calibration(in_steps_cal)
+            # The rows with the optimizer and the runtime's own work per op as timed before the model, beside.
+            own_before: dict[str, float] = {}
+            if cfg["optimizer_steps"] or cfg["own_steps"]:
+                earlier = TaskGraphBuilder(graph, topology, CostModel(during).bind(graph), _OPT.name)
+                own_before = {name: simulate_parts(earlier, s)[0] for name, s in chosen.items()}
+            own_cal = own_calibration(in_steps_cal or calibration, timed)
+            during.put_calibration(own_cal)
+            own_timed = own_overheads(during, own_cal, graph.fingerprint, timed)
+            if own_timed is not None:
+                overheads[graph.name]["between_blocks"] = own_timed
             during.save()
             log(f"  trained {len(jobs)} strategies x {cfg['warmup'] + cfg['steps']} steps and profiled "
                 f"{len(report.measured)} task shapes between their blocks in {time.perf_counter() - t0:.0f} s"
-                + (f"; the messages timed between them: {message_line(in_steps_cal)}" if in_steps_cal else ""))
+                + (f"; the messages timed between them: {message_line(in_steps_cal)}" if in_steps_cal else "")
+                + (f"; {_OPT.name} {own_line(own_cal, _OPT.name)}"
+                   if "optimizer_between_blocks" in dict(own_cal.details) else "")
+                + (f"; the runtime's own work per op: {own_timed['fwd_task_us']:.0f} us per forward task and "
+                   f"{own_timed['bwd_task_us']:.0f} us per backward one" if own_timed else ""))
             probes.append(speed_probe())
             after = (_profile_again(model, options, graph, cache, folder, "after_steps", cfg, log)
                      if cfg["diagnose"] else None)
@@ -955,6 +1072,8 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
                     row["simulated_mean_arrivals_s"] = mean_arrivals[name]
                 if before is not None:
                     row["simulated_calibration_messages_s"] = simulate_parts(before, chosen[name])[0]
+                if own_before:
+                    row["simulated_calibration_own_s"] = own_before[name]
                 row["peak_memory_bytes"] = peak
                 if diagnosed:
                     row["diagnosis"] = _row_diagnosis(med, mparts,
@@ -977,6 +1096,8 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
            "mean_arrivals": mean_arrival_totals(rows),
            "calibration_messages": calibration_message_totals(rows),
            "message_steps": cfg["message_steps"],
+           "calibration_own": calibration_own_totals(rows),
+           "optimizer_steps": cfg["optimizer_steps"], "own_steps": cfg["own_steps"],
            "machine_speed": {"probe": "median seconds of a fixed one-thread compute-bound and memory-bound "
                                       "workload, of a pass over half the last-level cache, and of the memory-bound one "
                                       "with a second core running it too (`speed_probe`), "
@@ -1024,6 +1145,10 @@ def print_table(doc: dict[str, Any]) -> None:
     if messages:
         console.print("with the messages as the calibration before the models measured them (the rows above price "
                       "them as timed between the steps' blocks): " + _errors_words(messages))
+    own = doc.get("calibration_own")
+    if own:
+        console.print("with the optimizer and the runtime's own work per op as timed before each model's steps (the "
+                      "rows above price them as timed between the steps' blocks): " + _errors_words(own))
     speed = doc.get("machine_speed", {}).get("per_model")
     if speed:
         console.print("machine speed during the steps against the profile (probe time, > 1: slower): "

@@ -708,32 +708,61 @@ def _model_trainer(rank: int, world: int, model: str, options: dict[str, Any], p
     return Trainer(Job(cfg, spec, graph, plan(graph)), rank, world, ProcessGroups(), torch.device("cpu"))
 
 
+class ModelOverheadSteps:
+    """`trainer` (a model whole on this rank: every op on one device, so no rank waits for
+    another), stepped one step at a time (`step`); per timed step, the wall time of the runtime's
+    forward and backward passes less their spans (`_timed_passes`), and its exchange spans, every
+    one a call that moves nothing between ranks (`runtime.exchange_calls`).  `result` sums them up
+    as `model_overheads` takes them from each rank."""
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+        self._last = _timed_passes(trainer.runtime)
+        self.fwd: list[float] = []
+        self.bwd: list[float] = []
+        self.fwd_x: list[float] = []
+        self.bwd_x: list[float] = []
+
+    def step(self, s: int, timed: bool = True) -> None:
+        self.trainer.train_step(s)
+        if timed:
+            ph, last = self.trainer.runtime.phases, self._last
+            self.fwd.append(max(0.0, last[0] - ph["fwd"] - ph["exchange"]))
+            self.bwd.append(max(0.0, last[1] - ph["bwd"] - ph["grad exchange"]))
+            self.fwd_x.append(ph["exchange"])
+            self.bwd_x.append(ph["grad exchange"])
+
+    def result(self) -> dict[str, Any]:
+        from .runtime import exchange_calls
+        from autopar.planner.sim import requires_grad
+        graph = self.trainer.job.graph
+        calls = exchange_calls(self.trainer.runtime.views)
+        return {"fingerprint": graph.fingerprint, "fwd_tasks": len(graph.ops), "bwd_tasks": sum(requires_grad(graph)),
+                "fwd_between_s": statistics.median(self.fwd), "bwd_between_s": statistics.median(self.bwd),
+                "steps": len(self.fwd), "fwd_calls": len(calls[0]), "bwd_calls": len(calls[1]),
+                "fwd_exchange_s": statistics.median(self.fwd_x), "bwd_exchange_s": statistics.median(self.bwd_x)}
+
+
 def _model_overhead_rank(rank: int, world: int, model: str, options: dict[str, Any], quick: bool) -> dict[str, Any]:
-    """One rank: `model` whole on this rank (every op on device `rank`, so no rank waits for
-    another), stepped by the trainer's own `Trainer`; per timed step, the wall time of the
-    runtime's forward and backward passes less their spans (`_timed_passes`), and its exchange
-    spans, every one a call that moves nothing between ranks (`runtime.exchange_calls`)."""
-    from .runtime import exchange_calls
+    """One rank: `model` whole on this rank, stepped by the trainer's own `Trainer`
+    (`ModelOverheadSteps`), `MODEL_STEPS` untimed and timed steps."""
     from autopar.planner.ir import single_device
-    from autopar.planner.sim import requires_grad
-    tr = _model_trainer(rank, world, model, options, lambda graph: single_device(graph, rank))
-    graph = tr.job.graph
-    last = _timed_passes(tr.runtime)
+    steps = ModelOverheadSteps(_model_trainer(rank, world, model, options, lambda graph: single_device(graph, rank)))
     untimed, timed = MODEL_STEPS[quick]
-    fwd, bwd, fwd_x, bwd_x = [], [], [], []
     for s in range(untimed + timed):
-        tr.train_step(s)
-        if s >= untimed:
-            ph = tr.runtime.phases
-            fwd.append(max(0.0, last[0] - ph["fwd"] - ph["exchange"]))
-            bwd.append(max(0.0, last[1] - ph["bwd"] - ph["grad exchange"]))
-            fwd_x.append(ph["exchange"])
-            bwd_x.append(ph["grad exchange"])
-    calls = exchange_calls(tr.runtime.views)
-    return {"fingerprint": graph.fingerprint, "fwd_tasks": len(graph.ops), "bwd_tasks": sum(requires_grad(graph)),
-            "fwd_between_s": statistics.median(fwd), "bwd_between_s": statistics.median(bwd), "steps": timed,
-            "fwd_calls": len(calls[0]), "bwd_calls": len(calls[1]),
-            "fwd_exchange_s": statistics.median(fwd_x), "bwd_exchange_s": statistics.median(bwd_x)}
+        steps.step(s, timed=s >= untimed)
+    return steps.result()
+
+
+def overheads_of(per_rank: Sequence[Mapping[str, Any]]) -> tuple[float, float, tuple[float, float]]:
+    """(seconds per forward task, per backward task, (forward, backward) seconds per exchange call)
+    from every rank's `ModelOverheadSteps.result`: per rank its medians divided by the tasks (the
+    calls), then the median over the ranks."""
+    fwd = statistics.median(r["fwd_between_s"] / max(1, r["fwd_tasks"]) for r in per_rank)
+    bwd = statistics.median(r["bwd_between_s"] / max(1, r["bwd_tasks"]) for r in per_rank)
+    calls = tuple(statistics.median(r[f"{d}_exchange_s"] / r[f"{d}_calls"] if r[f"{d}_calls"] else 0.0
+                                    for r in per_rank) for d in ("fwd", "bwd"))
+    return fwd, bwd, calls
 
 
 def model_overheads(model: str, options: Mapping[str, Any] | None, world: int, *,
@@ -753,10 +782,7 @@ def model_overheads(model: str, options: Mapping[str, Any] | None, world: int, *
     if world < 1:
         raise ValueError(f"model_overheads needs at least one rank, got world={world}")
     per_rank = run_local(_model_overhead_rank, world, (model, dict(options or {}), quick))
-    fwd = statistics.median(r["fwd_between_s"] / max(1, r["fwd_tasks"]) for r in per_rank)
-    bwd = statistics.median(r["bwd_between_s"] / max(1, r["bwd_tasks"]) for r in per_rank)
-    calls = tuple(statistics.median(r[f"{d}_exchange_s"] / r[f"{d}_calls"] if r[f"{d}_calls"] else 0.0
-                                    for r in per_rank) for d in ("fwd", "bwd"))
+    fwd, bwd, calls = overheads_of(per_rank)
     return {"fingerprint": per_rank[0]["fingerprint"], "fwd_task_s": fwd, "bwd_task_s": bwd,
             "exchange_call_s": calls, "steps": per_rank[0]["steps"], "fwd_tasks": per_rank[0]["fwd_tasks"],
             "bwd_tasks": per_rank[0]["bwd_tasks"], "ranks": world,
@@ -972,10 +998,10 @@ def optimizer_job(name: str, tensors: int, nbytes: int, world: int):
     return Job(cfg, spec, graph, strategy)
 
 
-def _optimizer_in_steps(rank: int, world: int, cfg: Settings,
-                        device: torch.device | None = None) -> dict[str, list[tuple[int, float, float]]]:
-    """(tensors, bytes, median seconds) of the trainer's ``optimizer step`` phase inside real
-    training steps (`optimizer_job`), per optimizer and case.
+class OptimizerSteps:
+    """Optimizer `name`'s workloads (`optimizer_job`) of `cases` ((tensors, bytes per tensor)) on
+    this rank, stepped one step at a time (`step`); `out` holds, per case, the timed steps' seconds
+    of the trainer's ``optimizer step`` phase, and `samples` their (tensors, bytes, median seconds).
 
     Stepped on its own over tensors a test has just made, an optimizer finds them in the core's
     caches; in a training step it comes after the backward pass and the gradients' all-reduce have
@@ -983,39 +1009,62 @@ def _optimizer_in_steps(rank: int, world: int, cfg: Settings,
     over 20 MiB of an RNN's parameters 6.9 ms alone (caches evicted) and 8.8-9.1 ms in its steps,
     and 10 MiB of a model-parallel shard 3.8 ms against 5.0-5.3 ms; the calibration measured
     alone predicted 6.0 and 3.1 ms.  So the optimizer is timed where it runs: in the steps of the
-    trainer itself.  On a GPU the step is timed from an idle device to the end of its kernels (the
-    phase timer sees only their launches)."""
-    from .comm import ProcessGroups
-    from .session import Trainer
+    trainer itself, after a pass over more memory than the last-level cache holds.  On a GPU the
+    step is timed from an idle device to the end of its kernels (the phase timer sees only their
+    launches)."""
 
-    from autopar.planner.cost import last_level_cache_bytes
+    def __init__(self, rank: int, world: int, cases: Sequence[tuple[int, int]], name: str = "sgd",
+                 device: torch.device | None = None):
+        from .comm import ProcessGroups
+        from .session import Trainer
 
-    # what the rest of a step does to the caches: more traffic than the last level holds
-    device = device or torch.device("cpu")
-    flush_buffer = torch.zeros(min(FLUSH_CAP_BYTES, max(64 << 20, last_level_cache_bytes())) // 4, device=device)
+        from autopar.planner.cost import last_level_cache_bytes
+        self.world, self.device = world, device or torch.device("cpu")
+        # what the rest of a step does to the caches: more traffic than the last level holds
+        self._flush = torch.zeros(min(FLUSH_CAP_BYTES, max(64 << 20, last_level_cache_bytes())) // 4,
+                                  device=self.device)
+        self.trainers = [Trainer(optimizer_job(name, tensors, nbytes, world), rank, world, ProcessGroups(),
+                                 self.device) for tensors, nbytes in cases]
+        self.sizes = [(len(mine), float(_nbytes(mine))) for mine in (tr.runtime.parameters() for tr in self.trainers)]
+        self.out: list[list[float]] = [[] for _ in self.trainers]
+
+    def step(self, case: int, s: int, timed: bool = True) -> None:
+        """Step case `case`'s trainer (its step `s`): forward and backward, the pass over memory, then
+        the optimizer step from a barrier of all ranks, recorded in `out` when `timed`."""
+        tr = self.trainers[case]
+        if self.world > 1:
+            dist.barrier()
+        tr.forward_backward(s)
+        self._flush.add_(1.0)
+        if self.world > 1:
+            dist.barrier()
+        _sync(self.device)
+        t0 = time.perf_counter()
+        tr.optimizer_step()
+        _sync(self.device)
+        if timed:
+            self.out[case].append(tr.runtime.phases["optimizer step"] if self.device.type == "cpu"
+                                  else time.perf_counter() - t0)
+
+    def samples(self) -> list[tuple[int, float, float]]:
+        """(tensors, bytes, median seconds) of every case with a timed step."""
+        return [(tensors, nbytes, statistics.median(times)) for (tensors, nbytes), times in zip(self.sizes, self.out)
+                if times]
+
+
+def _optimizer_in_steps(rank: int, world: int, cfg: Settings,
+                        device: torch.device | None = None) -> dict[str, list[tuple[int, float, float]]]:
+    """(tensors, bytes, median seconds) of the trainer's ``optimizer step`` phase inside real
+    training steps (`OptimizerSteps`), per optimizer and case: each case's steps one after another,
+    the first two untimed."""
     out: dict[str, list[tuple[int, float, float]]] = {}
     for name in ("sgd", "adam"):
-        for tensors, nbytes in cfg.optimizer_cases:
-            tr = Trainer(optimizer_job(name, tensors, nbytes, world), rank, world, ProcessGroups(), device)
-            mine = tr.runtime.parameters()
-            times = []
+        steps = OptimizerSteps(rank, world, cfg.optimizer_cases, name, device)
+        for case in range(len(cfg.optimizer_cases)):
             for s in range(2 + cfg.optimizer_repeats):
-                if world > 1:
-                    dist.barrier()
-                tr.forward_backward(s)
-                flush_buffer.add_(1.0)
-                if world > 1:
-                    dist.barrier()
-                _sync(device)
-                t0 = time.perf_counter()
-                tr.optimizer_step()
-                _sync(device)
-                if s >= 2:
-                    times.append(tr.runtime.phases["optimizer step"] if device.type == "cpu"
-                                 else time.perf_counter() - t0)
-            out.setdefault(name, []).append((len(mine), float(_nbytes(mine)),
-                                             statistics.median(times)))
-            del tr, mine
+                steps.step(case, s, timed=s >= 2)
+        out[name] = steps.samples()
+        del steps
     return out
 
 

@@ -82,7 +82,8 @@ def _row_costs(folder: Path, doc: dict[str, Any], cache: Any, model: str, how: s
     """The op times `how` (`ROW_PROFILES`) prices `model`'s rows of a kept run with: the search's
     profile, or the ops timed between the steps' blocks with the search's profile's times with the
     last-level cache evicted (`with_cold_of`), with the run's calibration, or where the file holds
-    one (`trainer.accuracy.message_calibration`), with its messages timed between the blocks."""
+    one (`trainer.accuracy.message_calibration`, `own_calibration`, `own_overheads`), with its
+    messages, optimizer and the runtime's own work per op timed between the blocks."""
     from autopar.planner.cost import ProfileCache
     from autopar.planner.errors import CostModelError
     if how not in ROW_PROFILES:
@@ -98,10 +99,9 @@ def _row_costs(folder: Path, doc: dict[str, Any], cache: Any, model: str, how: s
         costs = ProfileCache.load(path, keep_stale=True, host_workers=_world(doc))
     except CostModelError as e:
         raise KeptRunError(f"{folder}: {path.name} cannot be read by this autopar ({e}); keep a new run") from e
-    own = costs.calibrations()      # the messages timed between the steps' blocks, since the forty-sixth round
-    costs.put_runtime_of(cache)
-    for cal in own:
-        costs.put_calibration(cal)
+    # the messages timed between the steps' blocks since the forty-sixth round, the optimizer and
+    # the runtime's own work per op since the forty-seventh
+    costs.put_runtime_of(cache, keep_own=True)
     return with_cold_of(costs, cache)
 
 

@@ -439,17 +439,22 @@ class ProfileCache:
     def calibrations(self) -> list[RuntimeCalibration]:
         return [self._calibrations[k] for k in sorted(self._calibrations)]
 
-    def put_runtime_of(self, other: "ProfileCache") -> None:
+    def put_runtime_of(self, other: "ProfileCache", keep_own: bool = False) -> None:
         """Take `other`'s runtime calibrations and models' overheads (`overheads`), for a cache of
-        op times measured apart from them (another moment's profile of the same machine)."""
+        op times measured apart from them (another moment's profile of the same machine);
+        `keep_own`: those this cache already holds of the same ranks and model stay (a kept run's
+        calibration and overheads timed between its steps, `trainer.rescore`)."""
         for c in other.calibrations():
-            self.put_calibration(c)
+            if not (keep_own and c.key in self._calibrations):
+                self.put_calibration(c)
         for k in other._overheads:
-            self._exchanges.pop(k, None)
-            self._in_step.pop(k, None)
-        self._overheads.update(other._overheads)
-        self._exchanges.update(other._exchanges)
-        self._in_step.update(other._in_step)
+            if keep_own and k in self._overheads:
+                continue
+            self._overheads[k] = other._overheads[k]
+            for mine, theirs in ((self._exchanges, other._exchanges), (self._in_step, other._in_step)):
+                mine.pop(k, None)
+                if k in theirs:
+                    mine[k] = theirs[k]
 
     def overheads(self, calibration: RuntimeCalibration, fingerprint: str) -> tuple[float, float, int] | None:
         """(seconds per forward task, per backward task, steps timed) of the runtime's own work

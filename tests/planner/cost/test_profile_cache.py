@@ -373,6 +373,29 @@ def test_what_a_models_all_reduces_add_to_its_step_is_kept_with_its_overheads(tm
         ProfileCache.load(tmp_path / "profile.json")
 
 
+def test_a_kept_runs_own_calibration_and_overheads_stay_over_those_it_takes_from_the_profile():
+    """`trainer.rescore` prices a kept run with the calibration and the overheads timed between its
+    steps, and takes the rest (another model's, another world's) from the run's profile."""
+    profile, during = ProfileCache(), ProfileCache()
+    two, one = _measured(2), _measured(1)
+    timed = dataclasses.replace(two, post_s=1e-3)
+    profile.put_calibration(two)
+    profile.put_calibration(one)
+    profile.put_overheads(two, "sha256:aa", 30e-6, 40e-6, 12, exchange=(9e-6, 15e-6), allreduce_in_step=1.8)
+    profile.put_overheads(two, "sha256:bb", 50e-6, 60e-6, 12)
+    during.put_calibration(timed)
+    during.put_overheads(timed, "sha256:aa", 35e-6, 45e-6, 2, exchange=(10e-6, 16e-6), allreduce_in_step=1.8)
+    during.put_runtime_of(profile, keep_own=True)
+    assert during.calibration("CPU-core", "gloo", 2).post_s == 1e-3 and len(during.calibrations()) == 2
+    assert during.overheads(two, "sha256:aa") == (35e-6, 45e-6, 2)
+    assert during.exchange_overheads(two, "sha256:aa") == (10e-6, 16e-6)
+    assert during.overheads(two, "sha256:bb") == (50e-6, 60e-6, 12)
+    during.put_runtime_of(profile)                      # without keep_own the profile's win
+    assert during.calibration("CPU-core", "gloo", 2).post_s == two.post_s
+    assert during.overheads(two, "sha256:aa") == (30e-6, 40e-6, 12)
+    assert during.exchange_overheads(two, "sha256:aa") == (9e-6, 15e-6)
+
+
 @pytest.mark.parametrize("exchange", [(1e-6, -1e-6), (float("inf"), 1e-6), (1e-6,), "fast"])
 def test_put_overheads_rejects_an_exchange_call_that_is_not_a_measurement(exchange):
     with pytest.raises(CostModelError, match="an exchange call's seconds must be two finite, non-negative numbers"):
