@@ -712,8 +712,8 @@ class ModelOverheadSteps:
     """`trainer` (a model whole on this rank: every op on one device, so no rank waits for
     another), stepped one step at a time (`step`); per timed step, the wall time of the runtime's
     forward and backward passes less their spans (`_timed_passes`), and its exchange spans, every
-    one a call that moves nothing between ranks (`runtime.exchange_calls`).  `result` sums them up
-    as `model_overheads` takes them from each rank."""
+    one a call that moves nothing between ranks (`runtime.exchange_calls`).  `result` gives their
+    medians, as `model_overheads` takes them from each rank."""
 
     def __init__(self, trainer):
         self.trainer = trainer

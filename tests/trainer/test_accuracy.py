@@ -161,7 +161,11 @@ def test_a_small_accuracy_run_reports_every_row_and_the_totals(tmp_path):
     sync = doc["model_overheads"]["lenet"]["sync_steps"]
     dp = next(r for r in doc["rows"] if r["strategy"] == "data-parallel")
     assert sync["simulated_with_s"] == dp["simulated_search_profile_s"] and sync["steps"] > 0
-    assert 0 < sync["simulated_without_s"] < sync["simulated_with_s"]
+    # Where the model's steps showed its all-reduces adding nothing (a tiny model on a noisy machine:
+    # `model_sync` clamps what they add at 0), its all-reduces cost nothing in the simulated step either.
+    added = doc["model_overheads"]["lenet"].get("allreduce_in_step", 1.0) > 0
+    assert 0 < sync["simulated_without_s"] and (sync["simulated_without_s"] < sync["simulated_with_s"] if added else
+                                                sync["simulated_without_s"] == sync["simulated_with_s"])
     for how in ("with", "without"):
         assert sync[f"error_{how}"] == pytest.approx(sync[f"simulated_{how}_s"] / sync[f"measured_{how}_s"] - 1)
     speed = doc["machine_speed"]["per_model"]["lenet"]   # the probe around the profile and the steps
