@@ -27,7 +27,7 @@ Times are microseconds from the start of the step (the format's unit).  Every ev
 task key, kind and bytes in ``args``.  Barrier tasks (the simulator's 1 ns joins of a ring) are
 left out, except where a wait barrier holds what the ranks' arrival noise adds to a wait
 (`planner.sim.waits`): that shows on the device's thread 2, "mean waits", as ``mean wait <op>``
-(``mean grad wait <op>`` in the backward pass, ``mean wait for the buckets`` after it).
+(``mean grad wait <op>`` in the backward pass).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from ..hardware.topology import DeviceTopology
 from ..ir.graph import OperatorGraph
 from .simulator import TaskGraph, Timeline
 from ._plans import MIN_TASK_SECONDS
-from .trainer_model import _CHAIN_BASE, sync_wait
+from .trainer_model import _CHAIN_BASE
 
 _LINKS_PID = 1 << 20
 #: A GPU's thread for its host's tasks (thread 0 is its kernels' stream); a CPU rank's for its
@@ -101,13 +101,10 @@ def simulated_trace(graph: OperatorGraph, topology: DeviceTopology, timeline: Ti
         for key, start, end in timeline.spans(r):
             info = task_graph.task(key)
             if info.kind == "barrier":
-                long = host and end - start > 2 * MIN_TASK_SECONDS
-                if long and (len(key) == 5 and key[4] == 1 or key == sync_wait(pid)):
-                    name = "wait for the buckets" if len(key) == 3 else (
-                        f"{'wait' if key[0] == 0 else 'grad wait'} "
-                        f"{graph.ops[key[1] if key[0] == 0 else len(graph.ops) - key[1]].name}")
+                if host and end - start > 2 * MIN_TASK_SECONDS and len(key) == 5 and key[4] == 1:
+                    op = graph.ops[key[1] if key[0] == 0 else len(graph.ops) - key[1]].name
                     waited.add(pid)
-                    events.append({"name": f"mean {name}", "cat": "wait",
+                    events.append({"name": f"mean {'wait' if key[0] == 0 else 'grad wait'} {op}", "cat": "wait",
                                    "ph": "X", "pid": pid, "tid": _WAIT_TID, "ts": start * 1e6,
                                    "dur": (end - start) * 1e6, "args": {"key": list(key)}})
                 continue

@@ -973,8 +973,7 @@ def step_parts(b, tg, tl, barrier: bool = True) -> dict[int, dict[str, float]]:
         waits += [(tl.end[grads_out(n, i, d)], tl.end[grads_in(n, i, d)] - MIN_TASK_SECONDS) for i in range(n)]
         part["transfer"] = sum(e - s for s, e in waits)
         end_backward = tl.end[back_arrive(n, -1, d)]
-        # as the waits above: its barrier holds what the ranks' arrival noise adds to the buckets'
-        part["synchronization"] = tl.end[sync_wait(d)] - MIN_TASK_SECONDS - end_backward
+        part["synchronization"] = tl.start[sync_wait(d)] - end_backward
         if rt.comm_uses_cores:
             # An all-reduce's part on this core before the backward pass ends; `spans` gives the
             # part's own window (the task's spans its links' parts too, which run while the core

@@ -26,20 +26,9 @@ and the mean waits are applied to the simulated timeline as the wait barriers' d
 step simulated again, until they settle (`ROUNDS`), rather than inside Algorithm 1 — so full and
 delta simulation stay exact and identical, and the search's inner loop (`planner.search`) ranks
 plans on mean times.  Every step the simulator reports for the trainer
-(`planner.sim.simulate_strategy`) includes the waits.
-
-A gradient bucket's all-reduce starts when the last of its ranks has issued it: its mean start
-is Clark's maximum of the member ranks' issues, each the others' offset away with the pair's
-variance there, folded with the end of the all-reduce it queued behind, if any (`_bucket_start`).
-Every rank then waits for its buckets after its backward pass (`sync_wait`), and that wait ends
-at the mean end of its latest all-reduce.  The ranks of a data-parallel step do not meet between
-the step's barrier and its last bucket: their offset there is all the jitter of the forward and
-backward passes (on the AMD VM's runs of 2026-12-03, 1-4 ms (sd) after 60-80 ms; measured, the
-data-parallel rows' wait for their buckets came out 0.3-3.5 ms longer than simulated between mean
-arrivals in 10 of 12 rows: docs/simulation.md, "Forty-eighth round").  (Until then the buckets
-were not corrected, on the ranks of the plans measured in the fourteenth round having issued them
-within 0.1-0.2 ms of each other.)  The pairs are not reset at the buckets' wait: no exchange
-follows it in the step.
+(`planner.sim.simulate_strategy`) includes the waits.  Gradient buckets' all-reduces, which start
+when the last rank issues them, are not corrected: the ranks of the measured plans issued them
+within 0.1-0.2 ms of each other.
 """
 
 from __future__ import annotations
@@ -47,7 +36,7 @@ from __future__ import annotations
 import bisect
 import math
 
-from .trainer_model import grads_in, inputs_in, sync_wait
+from .trainer_model import grads_in, inputs_in
 
 #: At most this many times the waits are recomputed on the timeline they lengthened; it stops
 #: once no wait moves by more than `SETTLED_S`.  Small models' steps settle in 4-6 rounds.
@@ -125,24 +114,10 @@ def mean_waits(b, tg, tl) -> dict[tuple, float]:
         for i in range(n):
             waits.append((tl.start[inputs_in(i, d)], d, inputs_in(i, d)))
             waits.append((tl.start[grads_in(n, i, d)], d, grads_in(n, i, d)))
-    for d in range(b.num_devices):
-        if any(tg.task(p).kind == "comm" for p in tg.preds(sync_wait(d))):
-            waits.append((tl.start[sync_wait(d)], d, sync_wait(d)))
-    # The buckets' all-reduces start among the waits, at the moments the pairs' offsets are then.
-    waits += [(tl.start[k], -1, k) for k in tg if tg.task(k).kind == "comm" and len(k) == 3 and k[0] == 2]
     waits.sort()
     pairs: dict[tuple[int, int], _Pair] = {}
     out: dict[tuple, float] = {}
-    later: dict[tuple, tuple[float, float]] = {}     # a bucket's part: (its mean start over `tl`'s, variance)
-    behind: dict = {}                                  # per resource, the last such (later, variance) on it
     for start, d, w in waits:
-        if d < 0:
-            later[w] = _bucket_start(tg, tl, w, pairs, rt.jitter, behind)
-            continue
-        if w == sync_wait(d):
-            ends = [tl.end[p] + later.get(p, (0.0, 0.0))[0] for p in tg.preds(w)]
-            out[w] = max(0.0, max(ends) - start)
-            continue
         own, messages, sending = [], {}, 0.0
         for p in tg.preds(w):
             if _is_data(p):
@@ -186,32 +161,6 @@ def mean_waits(b, tg, tl) -> dict[tuple, float]:
             q = next(iter(latest))
             pairs[(min(d, q), max(d, q))].reset(start, arrivals[0][2])
     return out
-
-
-def _bucket_start(tg, tl, key: tuple, pairs: dict, jitter: float, behind: dict) -> tuple[float, float]:
-    """(seconds its mean start is later than timeline `tl`'s, variance) of a bucket's all-reduce
-    part `key`: Clark's maximum of its member ranks' issues (each pred's device at index 3), each
-    the other ranks' offset from the latest of them away with the pair's variance, folded with the
-    end of the part it queued behind on its resources (`behind`, updated here) where it did."""
-    issued: dict[int, float] = {}
-    for p in tg.preds(key):
-        issued[p[3]] = max(issued.get(p[3], -math.inf), tl.end[p])
-    last = max(issued, key=issued.get)
-    mean, var = issued[last], 0.0
-    for q, e in issued.items():
-        if q != last:
-            v = pairs.setdefault((min(q, last), max(q, last)), _Pair(jitter)).at(e)
-            mean, var = clark_max(mean, var, e, v)
-    start = tl.start[key]
-    res = tg.task(key).resource
-    res = res if isinstance(res, tuple) else (res,)
-    if start > issued[last] + SETTLED_S:       # it queued: the part before it ends later too
-        shift, v = max((behind.get(r, (0.0, 0.0)) for r in res), key=lambda x: x[0])
-        mean, var = clark_max(mean, var, start + shift, v)
-    got = (max(0.0, mean - start), var)
-    for r in res:
-        behind[r] = got
-    return got
 
 
 def with_mean_waits(b, tg, tl, simulate):

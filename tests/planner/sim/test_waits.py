@@ -1,5 +1,5 @@
 """Each wait of the trainer's step at its mean when the ranks' arrivals vary (`planner.sim.waits`):
-Clark's moments, the first wait's closed form, a bucket's, and what the step and its parts hold."""
+Clark's moments, the first wait's closed form, and what the step and its parts hold."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import pytest
 from autopar.planner.cost import CostModel, Curve
 from autopar.planner.cost.calibration import default_calibration
 from autopar.planner.hardware import get_preset
-from autopar.planner.ir import data_parallel, model_parallel
+from autopar.planner.ir import model_parallel
 from autopar.planner.sim import MIN_TASK_SECONDS, STEP_PARTS, TaskGraphBuilder, simulate, simulate_strategy, step_parts
 from autopar.planner.sim.waits import clark_max, has_arrival_noise, mean_waits
-from autopar.planner.sim.trainer_model import bucket_issue, optimizer_step, sync_wait
+from autopar.planner.sim.trainer_model import optimizer_step
 
 from ..search._graphs import mlp, rnn
 
@@ -115,36 +115,3 @@ def test_the_simulated_trace_shows_what_the_noise_adds_to_each_wait():
     assert {e["args"]["name"] for e in doc["traceEvents"] if e["ph"] == "M" and e.get("tid") == 2} == {"mean waits"}
     _, tl0, tg0 = simulate_strategy(plain, strategy)
     assert not any(e.get("cat") == "wait" for e in simulated_trace(g, plain.topology, tl0, tg0)["traceEvents"])
-
-
-def test_a_bucket_starts_at_the_mean_of_its_ranks_later_issue_and_the_wait_for_it_holds_that():
-    """Data-parallel ranks do not meet between the step's barrier and their bucket: its all-reduce
-    starts at E[max] of two issues whose offset has the jitter of everything both ranks ran before
-    them, sqrt(2 jitter e) / sqrt(2 pi) after the simulated one (the two issue at the same mean
-    moment e).  Each rank's wait for its buckets holds that, as synchronization."""
-    g = mlp()
-    plain, noisy = _builders(g, latency_sd=1e-4, jitter=2e-4)
-    strategy = data_parallel(g, 2)
-    tg = noisy.build(strategy)
-    tl = simulate(tg)
-    buckets = [k for k in tg if tg.task(k).kind == "comm"]
-    assert len(buckets) == 1, "the tiny model's gradients fill one bucket"
-    issued = {p[3]: tl.end[p] for p in tg.preds(buckets[0]) if p == bucket_issue(0, p[3])}
-    assert len(issued) == 2 and issued[0] == pytest.approx(issued[1], rel=1e-12)
-    extra = mean_waits(noisy, tg, tl)
-    assert set(extra) == {sync_wait(0), sync_wait(1)}, "data parallelism's only waits are for the bucket"
-    expected = math.sqrt(2 * 2e-4 * issued[0]) / math.sqrt(2 * math.pi)
-    assert all(e == pytest.approx(expected, rel=1e-9) for e in extra.values())
-    base, tl0, tg0 = simulate_strategy(plain, strategy)
-    res, tl1, tg1 = simulate_strategy(noisy, strategy)
-    assert res.step_time == pytest.approx(base.step_time + expected, rel=1e-9)
-    before, after = step_parts(plain, tg0, tl0), step_parts(noisy, tg1, tl1)
-    for d in range(2):
-        assert after[d]["synchronization"] == pytest.approx(before[d]["synchronization"] + expected, rel=1e-9)
-        assert {p: after[d][p] for p in STEP_PARTS if p != "synchronization"} == pytest.approx(
-            {p: before[d][p] for p in STEP_PARTS if p != "synchronization"}, rel=1e-9)
-    from autopar.planner.sim import simulated_trace
-    waits = [e for e in simulated_trace(g, noisy.topology, tl1, tg1)["traceEvents"] if e.get("cat") == "wait"]
-    assert sorted((e["pid"], e["name"]) for e in waits) == [(0, "mean wait for the buckets"),
-                                                            (1, "mean wait for the buckets")]
-    assert all(e["dur"] == pytest.approx((expected + MIN_TASK_SECONDS) * 1e6, rel=1e-6) for e in waits)
