@@ -63,7 +63,8 @@ def _build_parser(command: str | None = None) -> argparse.ArgumentParser:
                         "steps, again")
     r.add_argument("--metrics-port", type=int, metavar="P", help="serve the trainer's Prometheus metrics on P")
     r.add_argument("--retime", action="store_true",
-                   help="price the plan again with its ops timed in the training ranks (autopar train --retime): "
+                   help="price the plan again with its ops (and the optimizer and the runtime's per-op "
+                        "overheads) timed in the training ranks (autopar train --retime): "
                         "the report's simulated step, and its prediction error, are that price; the search's stays "
                         "beside as planned_step_s")
     r.add_argument("--json", action="store_true",

@@ -309,15 +309,24 @@ def format_report(doc: dict[str, Any]) -> str:
         lines.append(f"  prediction  error {100 * doc['prediction_error']:+.1f} % (simulated / measured - 1)"
                      + (f"; furthest off: {doc['furthest_off']}" if doc.get("furthest_off") else ""))
         if doc.get("planned_step_s") and doc.get("retime"):
-            lines.append(f"  retimed     the plan's ops timed in the ranks price it at {_ms(doc['predicted_step_s'])}; "
-                         f"the search's profile at {_ms(doc['planned_step_s'])} "
+            runtime = doc["retime"].get("runtime") or {}
+            timed = ["the plan's ops"] + [w for k, w in (("optimizer", "optimizer"), ("overheads", "own work per op"))
+                                          if k in runtime]
+            what = timed[0] if len(timed) == 1 else ", ".join(timed[:-1]) + " and " + timed[-1]
+            alone = runtime.get("ops_only_step_s")
+            lines.append(f"  retimed     {what} timed in the ranks price it at {_ms(doc['predicted_step_s'])}; "
+                         + (f"the ops alone at {_ms(alone)} ({100 * (alone / doc['measured_step_s'] - 1):+.1f} %); "
+                            if alone else "")
+                         + f"the search's profile at {_ms(doc['planned_step_s'])} "
                          f"({100 * (doc['planned_step_s'] / doc['measured_step_s'] - 1):+.1f} %)")
     if doc.get("data_parallel_measured_step_s"):
         err, off = doc.get("data_parallel_prediction_error"), doc.get("data_parallel_furthest_off")
         retimed, dp = doc.get("data_parallel_retimed_step_s"), doc["data_parallel_measured_step_s"]
         searched = doc.get("data_parallel_predicted_step_s")
         priced = (f"priced {_ms(retimed)} by its ranks: " if retimed else "")
-        beside = (f", the search's profile {100 * (searched / dp - 1):+.1f} %" if retimed and searched else "")
+        alone = ((doc.get("data_parallel_retime") or {}).get("runtime") or {}).get("ops_only_step_s")
+        beside = ((f", the ops alone {100 * (alone / dp - 1):+.1f} %" if retimed and alone else "")
+                  + (f", the search's profile {100 * (searched / dp - 1):+.1f} %" if retimed and searched else ""))
         why = "" if err is None else (f" ({priced}prediction error {100 * err:+.1f} %{beside}"
                                       + (f"; furthest off: {off}" if off else "") + ")")
         lines.append(f"  compare     data parallelism measured {_ms(doc['data_parallel_measured_step_s'])}{why}"

@@ -374,6 +374,7 @@ def report(prepared: Prepared, topology: DeviceTopology, outcome: PlanOutcome, t
         doc["data_parallel_prediction_error"] = (dp_predicted / dp - 1.0 if dp and dp_predicted else None)
         if dp_predicted is not outcome.data_parallel_step_s:
             doc["data_parallel_retimed_step_s"] = dp_predicted
+            doc["data_parallel_retime"] = compare.get("retime")
         doc["measured_speedup"] = dp / measured if dp and measured else None
         doc["data_parallel_furthest_off"] = compare.get("furthest_off")
     doc["files"] = dict(files or {})

@@ -15,7 +15,8 @@ among their replicas.  Modules, in the order data flows through them:
 - `shards`, `optim`, `checkpoint` — parameter shards, SGD/Adam on them, strategy-independent state;
 - `session` — one rank's training session; `train` — `autopar train` (`train_main`);
 - `launch` — N local ranks or torchrun; `metrics` — Prometheus; `data`; `validate` — refusals;
-- `retime` — ``--retime``: the plan priced again with its ops timed in the ranks during the run;
+- `retime` — ``--retime``: the plan priced again with its ops, optimizer and per-op overheads
+  timed in the ranks during the run;
 - `bench` — `autopar bench runtime` (against DDP, and a searched plan against data parallelism).
 """
 

@@ -690,8 +690,8 @@ OPTIMIZER_STEPS = 9
 OWN_STEPS = 12
 
 
-def own_calibration(calibration: Any, timed: Any) -> Any:
-    """`calibration` with the benchmark's optimizer (`_OPT`) fitted (`trainer.calibrate.fit_optimizer`)
+def own_calibration(calibration: Any, timed: Any, name: str = _OPT.name) -> Any:
+    """`calibration` with optimizer `name` (the benchmark's, `_OPT`) fitted (`trainer.calibrate.fit_optimizer`)
     to what its cases measured between the blocks of a model's steps (`_measure`'s fourth result,
     per rank: ``optimizer``, each case's median; per case the median over the ranks, as the
     calibration takes them), the other optimizers as they were; `calibration` itself where nothing
@@ -706,7 +706,7 @@ def own_calibration(calibration: Any, timed: Any) -> Any:
         return calibration
     samples = [(t, b, statistics.median(r[k][2] for r in per_rank)) for k, (t, b, _) in enumerate(per_rank[0])]
     per_tensor, per_byte = fit_optimizer(samples)
-    optimizer = [o for o in calibration.optimizer if o[0] != _OPT.name] + [(_OPT.name, per_tensor, per_byte)]
+    optimizer = [o for o in calibration.optimizer if o[0] != name] + [(name, per_tensor, per_byte)]
     details = {**dict(calibration.details), "optimizer_between_blocks": [list(x) for x in samples]}
     return replace(calibration, optimizer=tuple(sorted(optimizer)), details=tuple(sorted(details.items())))
 

@@ -20,10 +20,26 @@ the operator's status and dashboard show) take the new price; the plan's own sta
 ``planned_step_s``.  The `SETTLE` steps after a pass start in caches the pass filled with other
 data, so they are left out of the measured median, as traced steps are.
 
-The times are the plan's ops', one op at a time, composed into a step by the simulator as
-before: nothing is fitted to the measured steps.  The passes time the CPU (`lockstep_task`), so
-``--retime`` is for CPU ranks on their ``local:N`` topology; on a GPU, `autopar profile` times
-the kernels.
+Each pass also steps two of the workloads the runtime calibration measures, as the accuracy
+benchmark steps them between the blocks of a model's steps (docs/simulation.md, "Forty-seventh
+round"; `RuntimeSteps`): the calibration's optimizer cases with the run's optimizer
+(`trainer.calibrate.OptimizerSteps`), and the model whole on each rank
+(`trainer.calibrate.ModelOverheadSteps`: the runtime's own work per op).  The price then takes the
+optimizer step and the per-op overheads from them too (`retimed_runtime`), in place of the profile
+cache's calibration, taken whenever `autopar profile` ran; the price with only the ops timed in
+the ranks is reported beside (``ops_only_step_s``).  A rank that cannot hold the model whole
+leaves the per-op overheads as the profile cache has them; a run without a runtime calibration in
+its profile cache (`autopar profile` not run) leaves its runtime costs at their defaults.  The
+messages are not timed in the passes: stepped there as the benchmark steps them (its in-situ
+workloads, 4 steps of each batch a pass), they made the quickstart's plan 4-12 ms slower than
+with the ops alone, over by transfer, in 3 runs of 3 (the 2048-row batch's arrival noise in such
+short bursts came out at 1.5-1.8 ms (sd) per ms run, the other batches' at 0.06-0.13:
+docs/simulation.md, "Forty-eighth round"), and cost 5 s a pass.
+
+The times are the plan's ops', one op at a time, and the calibration's own workloads', composed
+into a step by the simulator as before: nothing is fitted to the measured steps.  The passes time
+the CPU (`lockstep_task`), so ``--retime`` is for CPU ranks on their ``local:N`` topology; on a
+GPU, `autopar profile` times the kernels.
 """
 
 from __future__ import annotations
@@ -44,6 +60,10 @@ PASSES = 3
 SETTLE = 2
 #: How each pass times a task: as the accuracy benchmark's ranks do between their blocks.
 REPEATS, WARMUP, BUDGET_S = 5, 2, 2.0
+#: Timed steps per pass (each workload's after one untimed step) of each optimizer case and of the
+#: model whole: the accuracy benchmark's over its three rounds (`trainer.accuracy.OPTIMIZER_STEPS`,
+#: `OWN_STEPS`).
+OPTIMIZER_STEPS, OWN_STEPS = 3, 4
 
 
 def schedule(start: int, steps: int, passes: int = PASSES) -> list[int]:
@@ -109,18 +129,86 @@ def lockstep_costs(costs: Any, profile: Any, graph: Any, items: list[tuple[str, 
     return report
 
 
+class RuntimeSteps:
+    """Two of the runtime calibration's workloads on this rank, stepped by every rank in each pass
+    (module docstring): `OPTIMIZER_STEPS` timed steps of each optimizer case with the run's
+    optimizer, and `OWN_STEPS` of the model whole (where this rank can hold it), each after one
+    untimed step.  `result` is what `retimed_runtime` prices with."""
+
+    def __init__(self, job: Any, rank: int, world: int):
+        from functools import partial
+
+        from autopar.planner.errors import AutoparError
+        from autopar.planner.ir import single_device
+
+        from .calibrate import ModelOverheadSteps, OptimizerSteps, settings
+        from .comm import ProcessGroups
+        from .session import Trainer
+        from .train import Job
+        self.optimizer = OptimizerSteps(rank, world, settings(False).optimizer_cases, job.config.optimizer.name)
+        self.own = self.why_not_own = None
+        try:
+            whole = Job(job.config, job.spec, job.graph, single_device(job.graph, rank))
+            self.own = ModelOverheadSteps(Trainer(whole, rank, world, ProcessGroups()))
+        except AutoparError as e:     # the per-op overheads stay as the profile cache has them
+            self.why_not_own = f"the model whole does not fit on one rank ({e})"
+        self.units = ([(partial(self.optimizer.step, n), OPTIMIZER_STEPS) for n in range(len(self.optimizer.trainers))]
+                      + ([(self.own.step, OWN_STEPS)] if self.own is not None else []))
+        self.stepped = [0] * len(self.units)
+
+    def run(self) -> None:
+        """One pass's share: every workload's untimed step, then its timed ones."""
+        for n, (step, timed) in enumerate(self.units):
+            for i in range(1 + timed):
+                step(self.stepped[n], i > 0)
+                self.stepped[n] += 1
+
+    def result(self) -> dict[str, Any]:
+        """This rank's records so far: ``optimizer`` (`OptimizerSteps.samples`) and ``overheads``
+        (`ModelOverheadSteps.result`, or None), as `trainer.accuracy._measure` returns them."""
+        return {"optimizer": self.optimizer.samples(),
+                "overheads": self.own.result() if self.own is not None else None}
+
+
+def retimed_runtime(costs: Any, graph: Any, topology: Any, optimizer: str, timed: list) -> dict[str, Any] | None:
+    """Put into `costs` (a `ProfileCache` holding the run's profile's runtime calibration) that
+    calibration with what the ranks' `RuntimeSteps` measured (`timed`: per rank its `result`):
+    optimizer `optimizer` (`trainer.accuracy.own_calibration`) and the runtime's own work per op
+    (`trainer.accuracy.own_overheads`), as the accuracy benchmark prices its rows.  Returns what
+    they measured in a few words (``optimizer``, ``overheads``), or None where the profile has no
+    runtime calibration for these ranks."""
+    from .accuracy import own_calibration, own_line, own_overheads
+    cal = costs.calibration(topology.devices[0].product, "gloo", topology.num_devices)
+    if cal is None:
+        return None
+    out: dict[str, Any] = {}
+    cal = own_calibration(cal, timed, optimizer)
+    if any(t["optimizer"] for t in timed):
+        out["optimizer"] = f"{optimizer} {own_line(cal, optimizer)}"
+    costs.put_calibration(cal)
+    own = own_overheads(costs, cal, graph.fingerprint, timed)
+    if own is not None:
+        out["overheads"] = (f"{own['fwd_task_us']:.0f} us per forward task and {own['bwd_task_us']:.0f} us per "
+                            f"backward one")
+    return out
+
+
 def price(graph: Any, topology: Any, strategy: Any, optimizer: str, profile: Any,
-          items: list[tuple[str, str, tuple[int, ...]]], per_rank: list, kind: str) -> tuple[float, Any, Any]:
-    """(simulated step, its parts on the busiest device, the `ProfileReport` of the passes) of
-    `strategy`, its tasks priced with the passes the ranks timed (`per_rank[r][n]`: rank r's
-    timings of item n, one per pass), the rest as `profile` (the run's profile cache) has them."""
+          items: list[tuple[str, str, tuple[int, ...]]], per_rank: list, kind: str,
+          timed: list | None = None) -> tuple[float, Any, Any, dict[str, Any] | None]:
+    """(simulated step, its parts on the busiest device, the `ProfileReport` of the passes, what the
+    runtime's workloads measured or None) of `strategy`, its tasks priced with the passes the ranks
+    timed (`per_rank[r][n]`: rank r's timings of item n, one per pass), the optimizer and per-op
+    overheads with what the ranks' `RuntimeSteps` measured (`timed`, `retimed_runtime`), the rest
+    as `profile` (the run's profile cache) has them."""
     from autopar.planner.cost import CostModel, ProfileCache
     from autopar.planner.sim import TaskGraphBuilder
     costs = ProfileCache()
     report = lockstep_costs(costs, profile, graph, items, per_rank, kind, keep_profiled=True)
+    runtime = retimed_runtime(costs, graph, topology, optimizer, timed) if timed else None
     builder = TaskGraphBuilder(graph, topology, CostModel(costs).bind(graph), optimizer)
     seconds, parts, _ = simulate_parts(builder, strategy, barrier=False)   # its steps run back to back
-    return seconds, parts, report
+    return seconds, parts, report, runtime
 
 
 def check_retime(topology: Any, world: int, device_kind: str) -> None:
@@ -162,6 +250,9 @@ class Retimer:
         self.per_rank = [[[] for _ in self.items] for _ in range(self.world)]
         self._overhead = None
         self._profile = None
+        self._runtime: RuntimeSteps | None = None
+        self.runtime_timed: dict[str, Any] | None = None   # rank 0: what the runtime's workloads measured
+        self.ops_only: float | None = None  # rank 0: the latest price with only the ops timed in the ranks
 
     def settling(self, step: int) -> bool:
         return settling(self.passes, step)
@@ -184,32 +275,39 @@ class Retimer:
                 mine.append((*lockstep_task(self.job.graph, self.job.spec.module, self.kind, item, sync,
                                             repeats=REPEATS, warmup=WARMUP, budget=BUDGET_S,
                                             overhead=self._overhead, hot=hot), *hot))
+            if self._runtime is None:
+                self._runtime = RuntimeSteps(self.job, self.rank, self.world)
+            self._runtime.run()
+            sync()
         got: list = [None] * self.world if self.rank == 0 else None
         if self.world > 1:
-            dist.gather_object(mine, got, dst=0, group=self.group)
+            dist.gather_object((mine, self._runtime.result()), got, dst=0, group=self.group)
         else:
-            got = [mine]
+            got = [(mine, self._runtime.result())]
         self.passes.append(step)
         self.seconds += time.perf_counter() - t0
         if self.rank != 0:
             return None
-        for r, timings in enumerate(got):
+        for r, (timings, _) in enumerate(got):
             for n, t in enumerate(timings):
                 self.per_rank[r][n].append(t)
-        return self._price()
+        return self._price([runtime for _, runtime in got])
 
-    def _price(self) -> float | None:
+    def _price(self, timed: list) -> float | None:
         from autopar.planner.cost import ProfileCache, default_cache_path
         cfg = self.job.config
         try:
             if self._profile is None:
                 self._profile = ProfileCache.load(cfg.profile_cache or default_cache_path())
-            seconds, parts, report = price(self.job.graph, self.job.topology, self.job.strategy,
-                                           cfg.optimizer.name, self._profile, self.items, self.per_rank, self.kind)
+            args = (self.job.graph, self.job.topology, self.job.strategy, cfg.optimizer.name, self._profile,
+                    self.items, self.per_rank, self.kind)
+            seconds, parts, report, runtime = price(*args, timed)
+            if runtime:     # beside: the ops alone timed here, the runtime's costs as the profile has them
+                self.ops_only = price(*args)[0]
         except Exception as e:  # noqa: BLE001 - the run goes on with the plan's prediction, and says why
             self.failed = {"*": f"{type(e).__name__}: {e}"}
             return None
-        self.predicted, self.parts = seconds, parts
+        self.predicted, self.parts, self.runtime_timed = seconds, parts, runtime
         self.timed = len(report.measured)
         self.failed = {f"{op} {tuple(degrees)}": why for op, degrees, why in report.skipped}
         return seconds
@@ -219,6 +317,9 @@ class Retimer:
         steps = ", ".join(str(s + 1) for s in self.passes)
         head = (f"simulated on {self.job.topology.name} with the plan's {len(self.items)} task(s) timed in these "
                 f"ranks before step(s) {steps}")
+        if self.runtime_timed:
+            head += ", and their " + " and ".join(
+                w for k, w in (("optimizer", "optimizer"), ("overheads", "own work per op")) if k in self.runtime_timed)
         if self.failed:
             head += (f"; {len(self.failed)} not timed, priced from the profile cache ("
                      + "; ".join(f"{k}: {v}" for k, v in list(self.failed.items())[:2]) + ")")
@@ -231,6 +332,11 @@ class Retimer:
     def summary(self) -> dict[str, Any]:
         """The JSON summary's ``retime``: steps are 1-based, as the summary's ``traced_steps``."""
         last = self.job.config.steps
+        runtime = dict(self.runtime_timed or {})
+        if self._runtime is not None and self._runtime.why_not_own:
+            runtime["overheads_not_timed"] = self._runtime.why_not_own
+        if runtime and self.ops_only is not None:
+            runtime["ops_only_step_s"] = self.ops_only
         return {"passes_before_steps": [s + 1 for s in self.passes], "tasks": len(self.items), "timed": self.timed,
-                "not_timed": self.failed, "seconds": self.seconds, "settle_steps": SETTLE,
+                "not_timed": self.failed, "runtime": runtime, "seconds": self.seconds, "settle_steps": SETTLE,
                 "settling_steps": [s + 1 for s in range(self.start, last) if self.settling(s)]}

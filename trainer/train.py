@@ -615,6 +615,12 @@ def format_summary(summary: dict) -> str:
         lines.append(f"retimed: {retime['timed']} of {retime['tasks']} task(s) timed in "
                      f"{len(retime['passes_before_steps'])} pass(es), {retime['seconds']:.1f} s; the "
                      f"{retime['settle_steps']} step(s) after each pass are left out of the median")
+        runtime = retime.get("runtime") or {}
+        timed = {k: runtime[k] for k in ("optimizer", "overheads") if k in runtime}
+        if timed:
+            lines.append("retimed runtime: " + "; ".join(f"{k} {v}" for k, v in timed.items())
+                         + (f"; with the ops alone timed in the ranks {runtime['ops_only_step_s'] * 1e3:.1f} ms"
+                            if runtime.get("ops_only_step_s") else ""))
     sim, meas = summary.get("predicted_parts_s"), summary.get("measured_parts_s")
     if sim and meas:
         lines.append(f"parts of the step on rank {summary['measured_parts_rank']}, predicted / measured (ms): "
@@ -678,8 +684,9 @@ def add_train_args(p) -> None:
     p.add_argument("--retime", action="store_true",
                    help="CPU ranks: time the plan's ops in the ranks themselves, after the first step and up to "
                         "twice more during the run, and price the predicted step with those times (the profile "
-                        "cache's were taken earlier, in other processes); the two steps after each pass are left "
-                        "out of the median")
+                        "cache's were taken earlier, in other processes); where the profile cache has a runtime "
+                        "calibration, the optimizer and the runtime's per-op overheads are timed in the passes too; "
+                        "the two steps after each pass are left out of the median")
     p.add_argument("--trace", metavar="FILE.json",
                    help="profile steps on every rank (torch.profiler) and write them as one Chrome trace-event "
                         "file (ui.perfetto.dev); traced steps are left out of the measured median")

@@ -154,5 +154,14 @@ def test_a_retimed_run_reports_the_ranks_price_with_the_searchs_beside(tmp_path)
     assert "retimed     the plan's ops timed in the ranks price it at 105.0 ms; the search's profile at 90.0 ms" in text
     assert "plan        'data-parallel' (data-parallel): simulated 90.0 ms" in text
     assert "(priced 110.0 ms by its ranks: prediction error -8.3 %, the search's profile -25.0 %)" in text
+    timed = {**retime, "runtime": {"optimizer": "sgd 16 us per tensor", "overheads": "17 us per forward task",
+                                   "ops_only_step_s": 0.095}}
+    dp_timed = {**retime, "runtime": {"optimizer": "sgd 16 us per tensor", "ops_only_step_s": 0.108}}
+    text = format_report(pipeline.report(prepared, topology, outcome, dict(trained, retime=timed),
+                                         compare={"measured_step_s": 0.12, "predicted_step_s": 0.11,
+                                                  "retime": dp_timed}))
+    assert ("retimed     the plan's ops, optimizer and own work per op timed in the ranks price it at "
+            "105.0 ms; the ops alone at 95.0 ms (-5.0 %); the search's profile at 90.0 ms (-10.0 %)") in text
+    assert "(priced 110.0 ms by its ranks: prediction error -8.3 %, the ops alone -10.0 %, the search's profile" in text
     plain = pipeline.report(prepared, topology, outcome, dict(trained, retime=None))
     assert plain["predicted_step_s"] == plain["planned_step_s"] == 0.09 and "retimed" not in format_report(plain)

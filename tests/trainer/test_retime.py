@@ -11,7 +11,7 @@ import urllib.request
 
 import pytest
 
-from autopar.planner.cost import ProfileCache, kind_of
+from autopar.planner.cost import ProfileCache, default_calibration, kind_of
 from autopar.planner.hardware.presets import get_preset
 from autopar.planner.ir.fx_import import import_spec
 from autopar.planner.ir.strategy import data_parallel, model_parallel
@@ -67,14 +67,57 @@ def test_the_price_follows_the_times_the_passes_took_and_keeps_the_profiles_for_
         return [[[t, t] for t in one] for _ in range(2)]      # 2 ranks, 2 passes each
 
     profile = ProfileCache()
-    fast, _, report = price(graph, topology, plan, "sgd", profile, items, passes(1e-4), kind)
-    slow, parts, _ = price(graph, topology, plan, "sgd", profile, items, passes(1e-3), kind)
+    fast, _, report, runtime = price(graph, topology, plan, "sgd", profile, items, passes(1e-4), kind)
+    slow, parts, _, _ = price(graph, topology, plan, "sgd", profile, items, passes(1e-3), kind)
+    assert runtime is None
     assert len(report.measured) == len(items) and not report.skipped
     assert slow > fast and parts["compute"] > 0
     key = items[0][0]
     profile.put(key, 5e-2, 1e-1)
-    skipped_own, _, report = price(graph, topology, plan, "sgd", profile, items, passes(1e-4, failing=0), kind)
+    skipped_own, _, report, _ = price(graph, topology, plan, "sgd", profile, items, passes(1e-4, failing=0), kind)
     assert report.skipped and skipped_own > fast + 0.1             # the failed task kept the profile's 50 + 100 ms
+
+
+def _runtime_timed(optimizer_s: float, overheads: bool = False) -> list:
+    """Per rank, what its `RuntimeSteps` measured: the optimizer's four cases at `optimizer_s` per
+    MiB, and (`overheads`) the model whole's steps with 50 us per forward task and 80 us per
+    backward one between their spans."""
+    mib = float(1 << 20)
+    out = []
+    for r in (0, 1):
+        own = None
+        if overheads:
+            own = {"fingerprint": "x", "fwd_tasks": 10, "bwd_tasks": 10, "fwd_between_s": 5e-4, "bwd_between_s": 8e-4,
+                   "fwd_exchange_s": 0.0, "bwd_exchange_s": 0.0, "fwd_calls": 0, "bwd_calls": 0, "steps": 4}
+        out.append({"optimizer": [(4, 4 * mib, 4 * optimizer_s), (8, 16 * mib, 16 * optimizer_s),
+                                  (4, mib / 16, optimizer_s / 16), (16, mib, optimizer_s)],
+                    "overheads": own})
+    return out
+
+
+def test_the_price_takes_the_optimizer_and_own_work_the_ranks_timed():
+    """With a runtime calibration in the profile, the passes' optimizer and per-op overheads price
+    the plan in place of the calibration's; without one, neither."""
+    graph = import_spec(get_model("lenet", **LENET))
+    topology = get_preset("local:2")
+    kind = kind_of(topology.devices[0])
+    plan = model_parallel(graph, 2)
+    items = plan_items(graph, plan, kind)
+    passes = [[[(1e-4, 2e-4, None)] * 2 for _ in items] for _ in range(2)]
+    profile = ProfileCache()
+    profile.put_calibration(default_calibration(topology.devices[0].product, "gloo", 2))
+    plain, _, _, none = price(graph, topology, plan, "sgd", profile, items, passes, kind)
+    fast, _, _, runtime = price(graph, topology, plan, "sgd", profile, items, passes, kind, _runtime_timed(1e-4))
+    slow, _, _, _ = price(graph, topology, plan, "sgd", profile, items, passes, kind, _runtime_timed(5e-3))
+    assert none is None and set(runtime) == {"optimizer"} and runtime["optimizer"].startswith("sgd ")
+    assert slow > fast + 1e-4 and fast != plain      # lenet: 0.06 MiB of weights
+    # the per-op overheads as the whole model's steps measured them (lenet's tasks, not the fake's 10)
+    with_own, _, _, runtime = price(graph, topology, plan, "sgd", profile, items, passes, kind,
+                                    _runtime_timed(1e-4, overheads=True))
+    assert set(runtime) == {"optimizer", "overheads"} and with_own != fast
+    # ... and none of it without a calibration: the runtime's costs stay the defaults
+    bare = ProfileCache()
+    assert price(graph, topology, plan, "sgd", bare, items, passes, kind, _runtime_timed(5e-3))[3] is None
 
 
 def _free_port() -> int:
@@ -96,11 +139,16 @@ def _scrape(port: int, seen: list, stop: threading.Event) -> None:
         time.sleep(0.05)
 
 
-def test_a_retimed_run_reports_the_new_price_on_its_gauge_and_trains_the_same_numbers():
+def test_a_retimed_run_reports_the_new_price_on_its_gauge_and_trains_the_same_numbers(tmp_path):
     """The passes time every rank in lockstep before steps 2, 7 and 12; the summary's prediction,
-    and the gauge the operator's status reads, take the price of the ops timed in the ranks; the
-    plan's own stays beside; the steps after each pass are left out of the median; and the losses
-    are those of the same run without --retime (the passes leave the run's random stream alone)."""
+    and the gauge the operator's status reads, take the price of the ops timed in the ranks, and
+    of the optimizer and per-op overheads timed there too (the profile has a runtime
+    calibration); the plan's own stays beside; the steps after each pass are left out of the
+    median; and the losses are those of the same run without --retime (the passes leave the run's
+    random stream alone)."""
+    cache = ProfileCache(path=tmp_path / "profile.json")
+    cache.put_calibration(default_calibration(get_preset("local:2").devices[0].product, "gloo", 2))
+    cache.save()
     port = _free_port()
     seen: list = []
     stop = threading.Event()
@@ -108,7 +156,8 @@ def test_a_retimed_run_reports_the_new_price_on_its_gauge_and_trains_the_same_nu
     poller.start()
     try:
         summary = train_main(model="lenet", model_options=LENET, strategy="model-parallel", nproc=2, steps=16,
-                             retime=True, metrics_port=port, metrics_linger=20, log=False)
+                             retime=True, metrics_port=port, metrics_linger=20, log=False,
+                             profile_cache=str(cache.path))
     finally:
         stop.set()
         poller.join(5)
@@ -117,7 +166,11 @@ def test_a_retimed_run_reports_the_new_price_on_its_gauge_and_trains_the_same_nu
     assert retime["passes_before_steps"] == [2, 7, 12] and retime["timed"] == retime["tasks"] > 0
     assert retime["settling_steps"] == [2, 3, 7, 8, 12, 13]
     assert not retime["not_timed"] and retime["seconds"] > 0
-    assert "timed in these ranks before step(s) 2, 7, 12" in summary["prediction"]
+    assert "timed in these ranks before step(s) 2, 7, 12, and their optimizer and own work per op" in (
+        summary["prediction"])
+    assert set(retime["runtime"]) == {"optimizer", "overheads", "ops_only_step_s"}
+    assert retime["runtime"]["ops_only_step_s"] > 0 and retime["runtime"]["ops_only_step_s"] != summary[
+        "predicted_step_s"]
     assert summary["predicted_step_s"] > 0 and summary["planned_step_s"] > 0
     assert summary["predicted_step_s"] != summary["planned_step_s"]
     assert summary["prediction_error"] == pytest.approx(summary["predicted_step_s"] / summary["measured_step_s"] - 1)
@@ -130,7 +183,9 @@ def test_a_retimed_run_reports_the_new_price_on_its_gauge_and_trains_the_same_nu
     assert any(v.get("autopar_trainer_predicted_step_seconds") == pytest.approx(summary["planned_step_s"])
                for v in seen if v.get("autopar_trainer_steps_total", 0) <= 1)
     text = format_summary(summary)
-    assert "the plan's own prediction" in text and "retimed: " in text
-    plain = train_main(model="lenet", model_options=LENET, strategy="model-parallel", nproc=2, steps=16, log=False)
+    assert "the plan's own prediction" in text and "retimed: " in text and "retimed runtime: optimizer sgd " in text
+    assert "; with the ops alone timed in the ranks " in text
+    plain = train_main(model="lenet", model_options=LENET, strategy="model-parallel", nproc=2, steps=16, log=False,
+                       profile_cache=str(cache.path))
     assert plain["losses"] == summary["losses"] and plain["retime"] is None
     assert plain["predicted_step_s"] == plain["planned_step_s"] == summary["planned_step_s"]
