@@ -151,7 +151,7 @@ class RuntimeSteps:
             whole = Job(job.config, job.spec, job.graph, single_device(job.graph, rank))
             self.own = ModelOverheadSteps(Trainer(whole, rank, world, ProcessGroups()))
         except AutoparError as e:     # the per-op overheads stay as the profile cache has them
-            self.why_not_own = f"the model whole does not fit on one rank ({e})"
+            self.why_not_own = f"the model whole could not be set up on one rank ({e})"
         self.units = ([(partial(self.optimizer.step, n), OPTIMIZER_STEPS) for n in range(len(self.optimizer.trainers))]
                       + ([(self.own.step, OWN_STEPS)] if self.own is not None else []))
         self.stepped = [0] * len(self.units)
