@@ -110,6 +110,7 @@ from autopar.planner.zoo import with_dtype
 
 from .comm import ProcessGroups
 from .errors import PlanRefusedError
+from .calibrate import own_calibration, own_line, own_overheads  # noqa: F401 - the benchmark's API too
 from .launch import run_local
 from .optim import OptimizerConfig
 from .parts import furthest_off, measured_parts, simulate_parts
@@ -690,45 +691,6 @@ OPTIMIZER_STEPS = 9
 OWN_STEPS = 12
 
 
-def own_calibration(calibration: Any, timed: Any, name: str = _OPT.name) -> Any:
-    """`calibration` with optimizer `name` (the benchmark's, `_OPT`) fitted (`trainer.calibrate.fit_optimizer`)
-    to what its cases measured between the blocks of a model's steps (`_measure`'s fourth result,
-    per rank: ``optimizer``, each case's median; per case the median over the ranks, as the
-    calibration takes them), the other optimizers as they were; `calibration` itself where nothing
-    was timed.
-
-    Why: the optimizer step is memory-bound, as much the machine's as the ops are, and it was
-    timed once, before the first model: over 16 kept runs its part came out 0.64-1.41x of the
-    measured, the same way for every model of a run (docs/simulation.md, "Forty-seventh round")."""
-    from .calibrate import fit_optimizer
-    per_rank = [t["optimizer"] for t in timed if t.get("optimizer")]
-    if not per_rank:
-        return calibration
-    samples = [(t, b, statistics.median(r[k][2] for r in per_rank)) for k, (t, b, _) in enumerate(per_rank[0])]
-    per_tensor, per_byte = fit_optimizer(samples)
-    optimizer = [o for o in calibration.optimizer if o[0] != name] + [(name, per_tensor, per_byte)]
-    details = {**dict(calibration.details), "optimizer_between_blocks": [list(x) for x in samples]}
-    return replace(calibration, optimizer=tuple(sorted(optimizer)), details=tuple(sorted(details.items())))
-
-
-def own_overheads(costs: Any, calibration: Any, fingerprint: str, timed: Any) -> dict[str, float] | None:
-    """Put into `costs` (a `ProfileCache` holding `calibration`) the runtime's own work per forward
-    and backward task, and per exchange call that moves nothing, as the model's whole steps on each
-    rank measured them between the blocks of its steps (`_measure`'s fourth result: ``overheads``,
-    `trainer.calibrate.overheads_of`), in place of `trainer.calibrate.model_overheads`' before the
-    search; what its all-reduces add stays.  Returns them in microseconds, or None where nothing
-    was timed."""
-    from .calibrate import overheads_of
-    per_rank = [t["overheads"] for t in timed if t.get("overheads")]
-    if not per_rank:
-        return None
-    fwd, bwd, calls = overheads_of(per_rank)
-    costs.put_overheads(calibration, fingerprint, fwd, bwd, per_rank[0]["steps"], exchange=calls,
-                        allreduce_in_step=costs.allreduce_in_step(calibration, fingerprint))
-    return {"fwd_task_us": round(fwd * 1e6, 1), "bwd_task_us": round(bwd * 1e6, 1),
-            "exchange_call_us": [round(t * 1e6, 1) for t in calls]}
-
-
 def message_line(cal: Any) -> str:
     """The messages of `message_calibration` in a few numbers, for the benchmark's log."""
     us = 1e6
@@ -739,12 +701,6 @@ def message_line(cal: Any) -> str:
     if cal.latency_var is not None:
         words.append(f"one-way latency sd {cal.latency_var(2 << 10) ** 0.5 * us:.0f} us at 2 KiB")
     return ", ".join(words)
-
-
-def own_line(cal: Any, name: str) -> str:
-    """Optimizer `name`'s coefficients in `cal`, for the benchmark's log."""
-    per_tensor, per_byte = next((t, b) for n, t, b in cal.optimizer if n == name)
-    return f"{per_tensor * 1e6:.0f} us per tensor and {per_byte * 1e6 * (1 << 20):.0f} us per MiB"
 
 
 def _with_runtime(builder, runtime) -> Any:
@@ -1020,7 +976,7 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
             if cfg["optimizer_steps"] or cfg["own_steps"]:
                 earlier = TaskGraphBuilder(graph, topology, CostModel(during).bind(graph), _OPT.name)
                 own_before = {name: simulate_parts(earlier, s)[0] for name, s in chosen.items()}
-            own_cal = own_calibration(in_steps_cal or calibration, timed)
+            own_cal = own_calibration(in_steps_cal or calibration, timed, _OPT.name)
             during.put_calibration(own_cal)
             own_timed = own_overheads(during, own_cal, graph.fingerprint, timed)
             if own_timed is not None:

@@ -458,7 +458,7 @@ def _job(kind: str, k: int, placement: Callable[[int], int] | None):
     from autopar.planner.ir import ParallelConfig, Strategy, import_spec, single_device
 
     from .optim import OptimizerConfig
-    from .train import Job, TrainConfig
+    from .config import Job, TrainConfig
     spec = chain_spec(kind, k)
     graph = import_spec(spec)
     if placement is None:
@@ -701,7 +701,7 @@ def _model_trainer(rank: int, world: int, model: str, options: dict[str, Any], p
     from .comm import ProcessGroups
     from .optim import OptimizerConfig
     from .session import Trainer
-    from .train import Job, TrainConfig
+    from .config import Job, TrainConfig
     spec = load_model(model, **options)
     graph = import_spec(spec)
     cfg = TrainConfig(model=spec.name, optimizer=OptimizerConfig("sgd", lr=0.01, momentum=0.9), log=False)
@@ -763,6 +763,50 @@ def overheads_of(per_rank: Sequence[Mapping[str, Any]]) -> tuple[float, float, t
     calls = tuple(statistics.median(r[f"{d}_exchange_s"] / r[f"{d}_calls"] if r[f"{d}_calls"] else 0.0
                                     for r in per_rank) for d in ("fwd", "bwd"))
     return fwd, bwd, calls
+
+
+def own_calibration(calibration: Any, timed: Any, name: str) -> Any:
+    """`calibration` with optimizer `name` fitted (`fit_optimizer`) to what its cases measured in a
+    model's steps' minutes (`timed`, per rank: ``optimizer``, `OptimizerSteps.samples`: each case's
+    median; per case the median over the ranks, as the calibration takes them), the other
+    optimizers as they were; `calibration` itself where nothing was timed.  The accuracy benchmark
+    times them between the blocks of a model's steps (`trainer.accuracy._measure`), ``autopar train
+    --retime`` in its passes (`trainer.retime.RuntimeSteps`).
+
+    Why: the optimizer step is memory-bound, as much the machine's as the ops are, and it was
+    timed once, before the first model: over 16 kept runs its part came out 0.64-1.41x of the
+    measured, the same way for every model of a run (docs/simulation.md, "Forty-seventh round")."""
+    per_rank = [t["optimizer"] for t in timed if t.get("optimizer")]
+    if not per_rank:
+        return calibration
+    samples = [(t, b, statistics.median(r[k][2] for r in per_rank)) for k, (t, b, _) in enumerate(per_rank[0])]
+    per_tensor, per_byte = fit_optimizer(samples)
+    optimizer = [o for o in calibration.optimizer if o[0] != name] + [(name, per_tensor, per_byte)]
+    details = {**dict(calibration.details), "optimizer_between_blocks": [list(x) for x in samples]}
+    return replace(calibration, optimizer=tuple(sorted(optimizer)), details=tuple(sorted(details.items())))
+
+
+def own_overheads(costs: Any, calibration: Any, fingerprint: str, timed: Any) -> dict[str, float] | None:
+    """Put into `costs` (a `ProfileCache` holding `calibration`) the runtime's own work per forward
+    and backward task, and per exchange call that moves nothing, as the model's whole steps on each
+    rank measured them in the steps' minutes (`timed`, per rank: ``overheads``,
+    `ModelOverheadSteps.result`; `overheads_of`), in place of `model_overheads`' before the search;
+    what its all-reduces add stays.  Returns them in microseconds, or None where nothing
+    was timed."""
+    per_rank = [t["overheads"] for t in timed if t.get("overheads")]
+    if not per_rank:
+        return None
+    fwd, bwd, calls = overheads_of(per_rank)
+    costs.put_overheads(calibration, fingerprint, fwd, bwd, per_rank[0]["steps"], exchange=calls,
+                        allreduce_in_step=costs.allreduce_in_step(calibration, fingerprint))
+    return {"fwd_task_us": round(fwd * 1e6, 1), "bwd_task_us": round(bwd * 1e6, 1),
+            "exchange_call_us": [round(t * 1e6, 1) for t in calls]}
+
+
+def own_line(cal: Any, name: str) -> str:
+    """Optimizer `name`'s coefficients in `cal`, for the benchmark's log and ``--retime``'s summary."""
+    per_tensor, per_byte = next((t, b) for n, t, b in cal.optimizer if n == name)
+    return f"{per_tensor * 1e6:.0f} us per tensor and {per_byte * 1e6 * (1 << 20):.0f} us per MiB"
 
 
 def model_overheads(model: str, options: Mapping[str, Any] | None, world: int, *,
@@ -985,7 +1029,7 @@ def optimizer_job(name: str, tensors: int, nbytes: int, world: int):
     from autopar.planner.zoo import ModelSpec, TensorSpec, seeded
 
     from .optim import OptimizerConfig
-    from .train import Job, TrainConfig
+    from .config import Job, TrainConfig
     layers, width = max(1, tensors // 2), max(2, math.isqrt(nbytes // 4))
     module = seeded(0, lambda: _Linears(layers, width))
     spec = ModelSpec(name=f"calibrate-optimizer-{layers}x{width}", module=module,
@@ -1348,7 +1392,7 @@ def in_situ_job(world: int, batch: int = IN_SITU_BATCH, one_way: bool = False):
     from autopar.planner.zoo import ModelSpec, TensorSpec, seeded
 
     from .optim import OptimizerConfig
-    from .train import Job, TrainConfig
+    from .config import Job, TrainConfig
     busy = 0 if one_way else IN_SITU_BUSY_OPS
     module = seeded(0, lambda: nn.Sequential(*[m for _ in range(IN_SITU_LAYERS)
                                                for m in [nn.Linear(IN_SITU_WIDTH, IN_SITU_WIDTH)]

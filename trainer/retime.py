@@ -144,7 +144,7 @@ class RuntimeSteps:
         from .calibrate import ModelOverheadSteps, OptimizerSteps, settings
         from .comm import ProcessGroups
         from .session import Trainer
-        from .train import Job
+        from .config import Job
         self.optimizer = OptimizerSteps(rank, world, settings(False).optimizer_cases, job.config.optimizer.name)
         self.own = self.why_not_own = None
         try:
@@ -173,11 +173,11 @@ class RuntimeSteps:
 def retimed_runtime(costs: Any, graph: Any, topology: Any, optimizer: str, timed: list) -> dict[str, Any] | None:
     """Put into `costs` (a `ProfileCache` holding the run's profile's runtime calibration) that
     calibration with what the ranks' `RuntimeSteps` measured (`timed`: per rank its `result`):
-    optimizer `optimizer` (`trainer.accuracy.own_calibration`) and the runtime's own work per op
-    (`trainer.accuracy.own_overheads`), as the accuracy benchmark prices its rows.  Returns what
+    optimizer `optimizer` (`trainer.calibrate.own_calibration`) and the runtime's own work per op
+    (`trainer.calibrate.own_overheads`), as the accuracy benchmark prices its rows.  Returns what
     they measured in a few words (``optimizer``, ``overheads``), or None where the profile has no
     runtime calibration for these ranks."""
-    from .accuracy import own_calibration, own_line, own_overheads
+    from .calibrate import own_calibration, own_line, own_overheads
     cal = costs.calibration(topology.devices[0].product, "gloo", topology.num_devices)
     if cal is None:
         return None

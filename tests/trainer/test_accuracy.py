@@ -574,9 +574,9 @@ def test_the_optimizer_timed_between_the_blocks_replaces_the_benchmarks_own_and_
     # each rank's (tensors, bytes, median seconds) per case: 10 us per tensor, 1 ns per byte
     per_rank = [{"optimizer": [(t, float(b), f * (10e-6 * t + 1e-9 * b)) for t, b in ((4, 1 << 14), (16, 1 << 22))]}
                 for f in (1.0, 1.2, 0.8)]
-    tuned = own_calibration(cal, per_rank + [{}])
+    tuned = own_calibration(cal, per_rank + [{}], "sgd")
     assert tuned.optimizer_time("sgd", 8, 1 << 20) == pytest.approx(8 * 10e-6 + (1 << 20) * 1e-9, rel=1e-9)
     assert tuned.optimizer_time("adam", 8, 1 << 20) == cal.optimizer_time("adam", 8, 1 << 20)
     assert dict(tuned.details)["optimizer_between_blocks"][1][:2] == [16, float(1 << 22)]
     assert dataclasses.replace(tuned, optimizer=cal.optimizer) == cal          # nothing else moved
-    assert own_calibration(cal, [{}, {}]) is cal
+    assert own_calibration(cal, [{}, {}], "sgd") is cal
