@@ -310,8 +310,8 @@ def format_report(doc: dict[str, Any]) -> str:
                      + (f"; furthest off: {doc['furthest_off']}" if doc.get("furthest_off") else ""))
         if doc.get("planned_step_s") and doc.get("retime"):
             runtime = doc["retime"].get("runtime") or {}
-            timed = ["the plan's ops"] + [w for k, w in (("optimizer", "optimizer"), ("overheads", "own work per op"))
-                                          if k in runtime]
+            from autopar.trainer.retime import runtime_words
+            timed = ["the plan's ops"] + runtime_words(runtime)
             what = timed[0] if len(timed) == 1 else ", ".join(timed[:-1]) + " and " + timed[-1]
             alone = runtime.get("ops_only_step_s")
             lines.append(f"  retimed     {what} timed in the ranks price it at {_ms(doc['predicted_step_s'])}; "

@@ -129,6 +129,12 @@ def lockstep_costs(costs: Any, profile: Any, graph: Any, items: list[tuple[str, 
     return report
 
 
+def runtime_words(runtime: dict[str, Any]) -> list[str]:
+    """What of the runtime a retime's ``runtime`` (`retimed_runtime`) says the passes timed, in
+    words for a summary: ``optimizer``, ``own work per op``."""
+    return [w for k, w in (("optimizer", "optimizer"), ("overheads", "own work per op")) if k in runtime]
+
+
 class RuntimeSteps:
     """Two of the runtime calibration's workloads on this rank, stepped by every rank in each pass
     (module docstring): `OPTIMIZER_STEPS` timed steps of each optimizer case with the run's
@@ -318,8 +324,7 @@ class Retimer:
         head = (f"simulated on {self.job.topology.name} with the plan's {len(self.items)} task(s) timed in these "
                 f"ranks before step(s) {steps}")
         if self.runtime_timed:
-            head += ", and their " + " and ".join(
-                w for k, w in (("optimizer", "optimizer"), ("overheads", "own work per op")) if k in self.runtime_timed)
+            head += ", and their " + " and ".join(runtime_words(self.runtime_timed))
         if self.failed:
             head += (f"; {len(self.failed)} not timed, priced from the profile cache ("
                      + "; ".join(f"{k}: {v}" for k, v in list(self.failed.items())[:2]) + ")")
