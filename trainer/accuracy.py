@@ -75,7 +75,8 @@ models' rows, and the errors it would leave on the other two's -- reported, neve
 And ``machine_speed``: a fixed workload, compute-bound and memory-bound, the latter also on two
 cores at once (`speed_probe`), timed before and after each
 model's profile and its steps, so that a row's error can be read against how much the machine's
-own speed moved between the two -- reported, never applied.  And ``diagnosis`` (``diagnose``, on
+own speed moved between the two, with the share of the CPUs' time a hypervisor stole during each
+(``steal``, `cpu_clock`) -- reported, never applied.  And ``diagnosis`` (``diagnose``, on
 by default): right after its steps, each model is profiled twice more, once as before and once
 with the last-level cache evicted before every call (`planner.cost.cache_evictor`), and every
 row is simulated with both.  The first says how far the machine's own speed moved the profile
@@ -566,7 +567,28 @@ def speed_probe(repeats: int = 7) -> dict[str, float]:
         out["pair_over_memory"] = out["pair_s"] / out["memory_s"]
     finally:
         torch.set_num_threads(threads)
+    out.update(cpu_clock())
     return out
+
+
+def cpu_clock(stat: str = "/proc/stat") -> dict[str, float]:
+    """The machine's CPU time so far, all its CPUs together (``cpu_s``), and how much of it the
+    hypervisor gave to others while this machine's CPUs had work (``steal_s``: the "steal" column
+    of Linux's `stat`), in seconds; empty where there is no such file.  Two readings say what share
+    of the CPUs' time was stolen in between (`_drift`).  On the 2-vCPU KVM guest the longest stalls
+    of the ranks' programs (30-90 ms, a few in a minute of the calibration's in-situ workload)
+    fell in the intervals that had steal in them (docs/simulation.md, "Forty-ninth round")."""
+    try:
+        with open(stat, encoding="ascii") as fh:
+            fields = fh.readline().split()
+        ticks = os.sysconf("SC_CLK_TCK")
+        if fields[0] != "cpu" or len(fields) < 9:
+            return {}
+        values = [int(v) for v in fields[1:]]
+    except (OSError, ValueError, IndexError, AttributeError):
+        return {}
+    # user nice system idle iowait irq softirq steal [guest guest_nice]: guest time is in user's already
+    return {"cpu_s": sum(values[:8]) / ticks, "steal_s": values[7] / ticks}
 
 
 def _drift(probes: list[dict[str, float]]) -> dict[str, Any]:
@@ -578,6 +600,10 @@ def _drift(probes: list[dict[str, float]]) -> dict[str, Any]:
         profile = statistics.fmean(p[f"{part}_s"] for p in probes[:2])
         steps = statistics.fmean(p[f"{part}_s"] for p in probes[2:])
         out[part] = {"profile_s": profile, "steps_s": steps, "steps_over_profile": steps / profile}
+    if all("steal_s" in p for p in probes):
+        def stolen(a: dict[str, float], b: dict[str, float]) -> float:
+            return (b["steal_s"] - a["steal_s"]) / max(1e-9, b["cpu_s"] - a["cpu_s"])
+        out["steal"] = {"profile": stolen(*probes[:2]), "steps": stolen(*probes[2:])}
     return out
 
 
@@ -835,6 +861,9 @@ LLC = "llc"
 #: `with_cold_of`).  Runs kept before the field existed were priced with the search's profile.
 ROW_PROFILES = ("search", DURING_STEPS)
 
+#: The in-situ workloads' records from between the blocks (`_measure`'s third result), kept as
+#: ``<model>-<MESSAGES>.json.gz`` so that `trainer.rescore` fits the messages again from them.
+MESSAGES = "messages"
 #: Inside a kept folder: the profile cache (op times and the runtime calibration) ...
 PROFILE = "profile.json"
 #: ... and the benchmark's JSON.
@@ -874,6 +903,52 @@ def record(folder: Path, doc: dict[str, Any]) -> Path:
 
     atomic_write(path, dump)
     return path
+
+
+def keep_messages(path: Path, chains: Any) -> None:
+    """Write the in-situ workloads' records that `_measure` took between a model's blocks (per
+    rank: the two-way and the one-way workload's `trainer.calibrate.InSituSteps.out`) to the
+    gzipped JSON `path`, as they are but for the exchange calls in which no rank received a byte
+    (about 19 in 20: the chain's ops whose input is where it is needed), which no fit of the
+    messages reads (`trainer.calibrate.in_step_messages`): a full run's four models keep about
+    1 MB."""
+    import gzip
+
+    from autopar.planner.fileio import atomic_write
+
+    def moved(steps: list[list]) -> list[list]:
+        """Per rank, its calls of this step with a byte received by any rank."""
+        if len({len(s) for s in steps}) != 1:
+            return steps                       # the ranks' calls do not pair up: the fits say so
+        keep = [k for k in range(len(steps[0])) if any(s[k][2] for s in steps)]
+        return [[list(s[k]) for k in keep] for s in steps]
+
+    ranks: list[list[dict[str, Any]]] = [[{} for _ in rank] for rank in chains]
+    for w, outs in enumerate(zip(*chains)):            # workload w's records, per rank
+        for batch in outs[0]:
+            steps = [out[batch]["calls"] for out in outs]
+            kept = [moved(list(step)) for step in zip(*steps)] if len({len(s) for s in steps}) == 1 else None
+            for r, out in enumerate(outs):
+                calls = steps[r] if kept is None else [k[r] for k in kept]
+                ranks[r][w][str(batch)] = {**out[batch], "calls": calls}
+    data = json.dumps({"version": 1, "ranks": ranks}, separators=(",", ":")).encode()
+    atomic_write(path, lambda fh: fh.write(gzip.compress(data, mtime=0)), binary=True)
+
+
+def kept_messages(path: Path) -> list[list[dict[int, dict[str, list]]]]:
+    """The records `keep_messages` wrote to `path`, as `_measure` returned them (batches as ints,
+    without the calls that received nothing); a `KeptRunError` naming the file where it cannot be
+    read."""
+    import gzip
+    try:
+        doc = json.loads(gzip.decompress(path.read_bytes()))
+        if doc.get("version") != 1:
+            raise ValueError(f"version {doc.get('version')!r}, this autopar reads version 1")
+        return [[{int(batch): {**rows, "calls": [[tuple(c) for c in step] for step in rows["calls"]]}
+                  for batch, rows in out.items()} for out in rank] for rank in doc["ranks"]]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, EOFError) as e:
+        raise KeptRunError(f"{path}: not the in-situ records `autopar bench accuracy --keep` writes "
+                           f"({type(e).__name__}: {e}); rescore without it by moving it away, or keep a new run") from e
 
 
 def run_accuracy_bench(quick: bool = False, progress: bool = True,
@@ -971,6 +1046,8 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
             in_steps_cal = message_calibration(calibration, chains) if cfg["message_steps"] else None
             if in_steps_cal is not None:
                 during.put_calibration(in_steps_cal)
+                if kept is not None:
+                    keep_messages(kept / f"{graph.name}-{MESSAGES}.json.gz", chains)
             # The rows with the optimizer and the runtime's own work per op as timed before the model, beside.
             own_before: dict[str, float] = {}
             if cfg["optimizer_steps"] or cfg["own_steps"]:
@@ -1009,7 +1086,9 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
                   "nothing), around the profile and the steps: "
                 + " ".join(f"{p['cache_over_memory']:.2f}" for p in probes)
                 + "; a pass over memory with the other core passing too, over one alone (2: they share "
-                  "one core's bandwidth): " + " ".join(f"{p['pair_over_memory']:.2f}" for p in probes))
+                  "one core's bandwidth): " + " ".join(f"{p['pair_over_memory']:.2f}" for p in probes)
+                + (f"; the hypervisor took {100 * drift['steal']['profile']:.1f} % of the CPUs' time during the "
+                   f"profile and {100 * drift['steal']['steps']:.1f} % during the steps" if "steal" in drift else ""))
             measured = {n: _measured_row([r[k] for r in per_rank]) for k, n in enumerate(unique)}
             for name in chosen:
                 med, cv, mparts, times = measured[same[name]]
@@ -1057,8 +1136,9 @@ def run_accuracy_bench(quick: bool = False, progress: bool = True,
            "machine_speed": {"probe": "median seconds of a fixed one-thread compute-bound and memory-bound "
                                       "workload, of a pass over half the last-level cache, and of the memory-bound one "
                                       "with a second core running it too (`speed_probe`), "
-                                      "before and after each model's profile and its steps; reported, never "
-                                      "applied",
+                                      "before and after each model's profile and its steps, and the share of the "
+                                      "CPUs' time the hypervisor stole during each (`steal`, `cpu_clock`); "
+                                      "reported, never applied",
                              "per_model": speed},
            "wall_seconds": time.perf_counter() - t_all}
     if kept is not None:
@@ -1110,6 +1190,8 @@ def print_table(doc: dict[str, Any]) -> None:
         console.print("machine speed during the steps against the profile (probe time, > 1: slower): "
                       + ", ".join(f"{m} " + ", ".join(f"{part} {v[part]['steps_over_profile']:.2f}x"
                                                       for part in PROBE_PARTS)
+                                  + (f", steal {100 * v['steal']['profile']:.1f} -> {100 * v['steal']['steps']:.1f} %"
+                                     if "steal" in v else "")
                                   for m, v in speed.items()))
     diag = doc.get("diagnosis")
     if diag:

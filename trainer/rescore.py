@@ -21,7 +21,10 @@ are the runs' own.  Nor do the kept profiles: a run kept before a change to how 
 runtime are measured (`planner.cost.profile_cache.MEASUREMENT_METHOD`, `CALIBRATION_METHOD`) is
 simulated from what was measured then, and each run reports the methods it was measured by.  A
 rescore replays the simulator, not the measurements: a change to what is measured is judged on
-new runs.
+new runs.  One fit is replayed too: runs kept since the forty-ninth round keep the in-situ
+workloads' records from between each model's blocks (``<model>-messages.json.gz``), and their
+rows' messages and arrival noise are fitted again from them (``messages_refitted``), so that a
+change to that fit (`trainer.calibrate.in_step_messages`) is scored on them at once.
 """
 
 from __future__ import annotations
@@ -36,8 +39,8 @@ from typing import Any, Callable
 
 from autopar.planner.errors import AutoparError
 
-from .accuracy import (_EXAMPLES, _OPT, DURING_STEPS, LLC, PROFILE, RESULT, ROW_PROFILES, WORLD, KeptRunError,
-                       keep_folder, record, totals)
+from .accuracy import (_EXAMPLES, _OPT, DURING_STEPS, LLC, MESSAGE_FIELDS, MESSAGES, PROFILE, RESULT, ROW_PROFILES,
+                       WORLD, KeptRunError, keep_folder, kept_messages, message_calibration, record, totals)
 from .retime import with_cold_of
 
 
@@ -133,6 +136,25 @@ def _kept_runtime(doc: dict[str, Any], runtime: Any) -> Any:
     return replace(runtime, shared_cache_bytes=int(llc))
 
 
+def _refit_messages(folder: Path, model: str, how: str, runtime: Any) -> tuple[Any, bool]:
+    """(`runtime` with its messages fitted again by this code from the in-situ records kept beside
+    the model's rows (`trainer.accuracy.keep_messages`), whether they were): for rows priced with
+    the ops timed between the blocks, whose messages were timed there too, in runs kept since the
+    forty-ninth round.  A change to how the messages and the ranks' arrival noise are fitted
+    (`trainer.calibrate.in_step_messages`) is then scored on those runs as a change to the
+    simulator is; the records themselves, like every measurement, stay as taken."""
+    from dataclasses import replace
+    path = folder / f"{model}-{MESSAGES}.json.gz"
+    if how != DURING_STEPS or runtime is None or not path.is_file():
+        return runtime, False
+    try:
+        fitted = message_calibration(runtime, kept_messages(path))
+    except (ValueError, KeyError, IndexError, TypeError, ZeroDivisionError) as e:
+        raise KeptRunError(f"{path}: its in-situ records cannot be fitted by this autopar ({type(e).__name__}: {e}); "
+                           "rescore without them by moving the file away, or keep a new run") from e
+    return replace(runtime, **{f: getattr(fitted, f) for f in MESSAGE_FIELDS}), True
+
+
 def rescore_run(folder: str | os.PathLike, log: Callable[[str], None] = lambda _: None,
                 row_profile: str | None = None) -> dict[str, Any]:
     """One kept run's rows simulated again from its profile with the code as it is now: per row
@@ -154,13 +176,17 @@ def rescore_run(folder: str | os.PathLike, log: Callable[[str], None] = lambda _
     topology = get_preset(f"local:{_world(doc)}")
     rows: list[dict[str, Any]] = []
     by_name: dict[str, tuple[Any, Any]] = {}
+    refitted: list[str] = []
     try:
         for m in doc["models"]:
             spec = with_dtype(load_model(m["model"], **m["options"]), None)
             graph = import_spec(spec)
             costs = _row_costs(folder, doc, cache, graph.name, how)
             cost = CostModel(costs, cold=_cold_costs(folder, doc, costs, graph.name)).bind(graph)
-            runtime = _kept_runtime(doc, trainer_calibration(topology, cost, graph))
+            runtime, again = _refit_messages(folder, graph.name, how,
+                                             _kept_runtime(doc, trainer_calibration(topology, cost, graph)))
+            if again:
+                refitted.append(graph.name)
             by_name[graph.name] = (graph, TaskGraphBuilder(graph, topology, cost, _OPT.name, runtime=runtime))
         for r in doc["rows"]:
             if r["model"] not in by_name:
@@ -182,9 +208,11 @@ def rescore_run(folder: str | os.PathLike, log: Callable[[str], None] = lambda _
     recorded = [{**r, "simulated_s": r["recorded_simulated_s"], "error": r["recorded_error"]} for r in rows]
     noise = doc["calibration"].get("arrival_noise") if isinstance(doc["calibration"], dict) else None
     out = {"folder": str(folder), "measured_by": methods, "jitter_sd_1ms_us": (noise or {}).get("jitter_sd_1ms_us"),
-           "row_profile": how,
+           "row_profile": how, "messages_refitted": refitted,
            "rows": rows, "now": _summary(rows), "recorded": _summary(recorded)}
-    log(f"{folder}: {len(rows)} rows; median |error| {_pct(out['recorded']['median_abs_error'])} recorded, "
+    log(f"{folder}: {len(rows)} rows"
+        + (f" (messages fitted again from the kept records: {', '.join(refitted)})" if refitted else "")
+        + f"; median |error| {_pct(out['recorded']['median_abs_error'])} recorded, "
         f"{_pct(out['now']['median_abs_error'])} now; mean {_pct(out['recorded']['mean_error'], True)} recorded, "
         f"{_pct(out['now']['mean_error'], True)} now")
     return out

@@ -176,9 +176,10 @@ def test_a_small_accuracy_run_reports_every_row_and_the_totals(tmp_path):
     # Kept, the run simulates again from its own profile to the same steps, row by row.
     assert json.loads((kept / RESULT).read_text()) == json.loads(json.dumps(doc))
     assert {p.name for p in kept.iterdir()} >= {PROFILE, RESULT, "lenet-during_steps.json", "lenet-after_steps.json",
-                                                "lenet-llc.json"}
+                                                "lenet-llc.json", "lenet-messages.json.gz"}
     again = rescore([kept], progress=False)
     (run,) = again["runs"]
+    assert run["messages_refitted"] == ["lenet"]     # its messages fitted again from the kept records, alike
     assert [(r["strategy"], r["measured_s"]) for r in run["rows"]] == [(r["strategy"], r["measured_s"])
                                                                       for r in doc["rows"]]
     for new, old in zip(run["rows"], doc["rows"]):
@@ -253,6 +254,22 @@ def test_the_drift_is_each_parts_mean_around_the_steps_over_its_mean_around_the_
     assert d["memory"]["steps_over_profile"] == 0.5 and d["probes"] == probes
     assert d["cache"]["steps_over_profile"] == pytest.approx(3.0)
     assert d["pair"]["steps_over_profile"] == 0.25
+    assert "steal" not in d                   # no CPU clock read (not Linux): no steal reported
+    clocks = [(0.0, 0.0), (100.0, 2.0), (150.0, 2.0), (350.0, 12.0)]
+    d = _drift([{**p, "cpu_s": c, "steal_s": st} for p, (c, st) in zip(probes, clocks)])
+    assert d["steal"] == {"profile": pytest.approx(0.02), "steps": pytest.approx(0.05)}
+
+
+def test_the_cpu_clock_reads_the_steal_column_of_linuxs_stat(tmp_path):
+    import os
+
+    from autopar.trainer.accuracy import cpu_clock
+    hz = os.sysconf("SC_CLK_TCK")
+    stat = tmp_path / "stat"
+    stat.write_text(f"cpu  {6 * hz} 0 {2 * hz} {10 * hz} 0 0 0 {2 * hz} {hz} 0\ncpu0 1 2 3 4 5 6 7 8 9 10\n")
+    assert cpu_clock(str(stat)) == {"cpu_s": pytest.approx(20.0), "steal_s": pytest.approx(2.0)}   # guest is in user
+    stat.write_text("intr 1 2 3\n")
+    assert cpu_clock(str(stat)) == {} and cpu_clock(str(tmp_path / "none")) == {}
 
 
 def test_the_speed_probe_times_one_thread_and_gives_the_threads_back():
@@ -261,9 +278,10 @@ def test_the_speed_probe_times_one_thread_and_gives_the_threads_back():
     torch.set_num_threads(2)
     try:
         probe = speed_probe(repeats=3)
-        assert set(probe) == {"compute_s", "memory_s", "cache_s", "cache_over_memory", "pair_s", "pair_over_memory"}
+        timed = {"compute_s", "memory_s", "cache_s", "cache_over_memory", "pair_s", "pair_over_memory"}
+        assert set(probe) - timed <= {"cpu_s", "steal_s"} and timed <= set(probe)
         assert probe["pair_over_memory"] == pytest.approx(probe["pair_s"] / probe["memory_s"])
-        assert all(v > 0 for v in probe.values())
+        assert all(probe[k] > 0 for k in timed) and probe.get("steal_s", 0.0) >= 0
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
@@ -454,31 +472,35 @@ def test_the_optimizer_and_the_whole_model_are_timed_between_the_blocks_too(monk
     assert [e[0] for e in log[:12]] == ["opt"] * 3 + ["step"] * 2 + ["opt"] * 3 + ["own"] * 2 + ["step"] * 2
 
 
+def _records(slow, one_way, rank):
+    """Rank `rank`'s in-situ records, 4 steps a batch: every message takes `slow` or twice that
+    (odd steps); two-way, both ranks receive in both calls that move bytes, rank 1 entering the
+    first 0.1 ms late, and between them a call that moves nothing; one way, rank 0 sends in the
+    first call and rank 1 in the second."""
+    from autopar.trainer.calibrate import IN_SITU_BATCHES
+    out = {}
+    for k, batch in enumerate(IN_SITU_BATCHES):
+        size, steps = 1024 * (k + 1), []
+        for s in range(4):
+            t, lat = 10.0 * s + k, slow * (1 + s % 2)
+            if one_way:
+                calls = ([(t, t + 1e-5, 0), (t + 0.01 + 1e-5, t + 0.01 + lat, size)] if rank == 0 else
+                         [(t + 1e-5, t + lat, size), (t + 0.01, t + 0.01 + 1e-5, 0)])
+            else:
+                calls = [(t + 1e-4 * rank, t + lat, size), (t + 0.005, t + 0.005 + 1e-6, 0),
+                         (t + 0.01, t + 0.01 + slow, size)]
+            steps.append(calls)
+        out[batch] = {"times": [0.01] * 4, "calls": steps, "staging": [[(1e-5, size, 1)] * 4] * 4,
+                      "posting": [(1e-5, 2)] * 4, "send_waits": [(2e-5, 1)] * 4}
+    return out
+
+
 def test_the_messages_timed_between_the_blocks_replace_the_calibrations_own():
     """`message_calibration` puts what the in-situ workloads measured in place of the
     calibration's messages (latencies, staging, arrival noise) and keeps the rest."""
     from autopar.planner.cost import Curve, default_calibration
     from autopar.trainer import accuracy
-    from autopar.trainer.calibrate import IN_SITU_BATCHES
-
-    def records(slow, one_way, rank):
-        """Rank `rank`'s records, 4 steps a batch: every message takes `slow` or twice that (odd
-        steps); two-way, both ranks receive in both calls, rank 1 entering the first 0.1 ms late;
-        one way, rank 0 sends in the first call and rank 1 in the second."""
-        out = {}
-        for k, batch in enumerate(IN_SITU_BATCHES):
-            size, steps = 1024 * (k + 1), []
-            for s in range(4):
-                t, lat = 10.0 * s + k, slow * (1 + s % 2)
-                if one_way:
-                    calls = ([(t, t + 1e-5, 0), (t + 0.01 + 1e-5, t + 0.01 + lat, size)] if rank == 0 else
-                             [(t + 1e-5, t + lat, size), (t + 0.01, t + 0.01 + 1e-5, 0)])
-                else:
-                    calls = [(t + 1e-4 * rank, t + lat, size), (t + 0.01, t + 0.01 + slow, size)]
-                steps.append(calls)
-            out[batch] = {"times": [0.01] * 4, "calls": steps, "staging": [[(1e-5, size, 1)] * 4] * 4,
-                          "posting": [(1e-5, 2)] * 4, "send_waits": [(2e-5, 1)] * 4}
-        return out
+    records = _records
 
     cal = default_calibration("CPU-core", "gloo", 2)
     chains = [[records(1e-3, False, r), records(2e-3, True, r)] for r in (0, 1)]
@@ -494,6 +516,33 @@ def test_the_messages_timed_between_the_blocks_replace_the_calibrations_own():
     assert got.p2p_oneway(2048) == pytest.approx(3e-3)
     assert got.p2p(64 << 20) > got.p2p(4 << 20) > got.p2p(1 << 20)     # beyond, the microbenchmark's shape
     assert "one-way" in accuracy.message_line(got) and isinstance(got.p2p, Curve)
+
+
+def test_kept_in_situ_records_fit_the_same_messages_without_the_calls_that_moved_nothing(tmp_path):
+    """`keep_messages` drops the calls in which no rank received a byte and nothing else: the
+    messages fitted from what `kept_messages` reads back are the ones fitted from the records."""
+    import gzip
+
+    from autopar.planner.cost import default_calibration
+    from autopar.trainer import accuracy
+    cal = default_calibration("CPU-core", "gloo", 2)
+    chains = [[_records(1e-3, False, r), _records(2e-3, True, r)] for r in (0, 1)]
+    path = tmp_path / "m-messages.json.gz"
+    accuracy.keep_messages(path, chains)
+    back = accuracy.kept_messages(path)
+    batch = min(back[0][0])
+    assert [len(step) for step in back[0][0][batch]["calls"]] == [2] * 4      # the call that moved nothing is gone
+    assert [len(step) for step in back[1][1][batch]["calls"]] == [2] * 4      # one-way: each call moves bytes one way
+    assert back[0][0][batch]["times"] == chains[0][0][batch]["times"]
+    fitted, again = accuracy.message_calibration(cal, chains), accuracy.message_calibration(cal, back)
+    for field in accuracy.MESSAGE_FIELDS:
+        assert getattr(again, field) == getattr(fitted, field), field
+    path.write_bytes(gzip.compress(b'{"version": 2, "ranks": []}'))
+    with pytest.raises(accuracy.KeptRunError, match="m-messages.json.gz: not the in-situ records .*version 2"):
+        accuracy.kept_messages(path)
+    path.write_text("not gzip")
+    with pytest.raises(accuracy.KeptRunError, match="BadGzipFile.*moving it away, or keep a new run"):
+        accuracy.kept_messages(path)
 
 
 def test_the_residual_factor_is_fitted_on_some_models_and_scored_on_the_others():
