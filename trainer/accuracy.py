@@ -910,8 +910,7 @@ def keep_messages(path: Path, chains: Any) -> None:
     rank: the two-way and the one-way workload's `trainer.calibrate.InSituSteps.out`) to the
     gzipped JSON `path`, as they are but for the exchange calls in which no rank received a byte
     (about 19 in 20: the chain's ops whose input is where it is needed), which no fit of the
-    messages reads (`trainer.calibrate.in_step_messages`): a full run's four models keep about
-    1 MB."""
+    messages reads (`trainer.calibrate.in_step_messages`): 0.3 MB a model in a full run."""
     import gzip
 
     from autopar.planner.fileio import atomic_write

@@ -1655,13 +1655,16 @@ def arrival_noise(runs: list[dict[int, dict[str, list]]],
     sum of T (seconds squared per second of a program; 0 where the differences sum below 0).
     ``leave_var`` is X's variance at each batch's message size (the mean over the calls),
     ``latency_var`` the variance of the one-way chain's latencies (`one_way`, `one_way_latencies`)
-    at each of its sizes; both made monotone.  These two are the interquartile ranges' variances
-    (`spread`): their tails are the latencies', which are in the mean two-way latencies already
-    (and which the one-way curve's medians leave out on purpose: module doc, stage 6).  D's and
-    X's in ``jitter`` are plain variances: what makes D vary more than X is partly rare delays (a
-    rank preempted for a scheduler tick) whose chance grows with the time run, which an
-    interquartile range misses and a step's mean wait does not.  The chain's two-way exchanges are
-    0.6-13 ms of each rank's run apart, from its smallest batch to its largest."""
+    at each of its sizes; both made monotone.  All three are the interquartile ranges' variances
+    (`spread`).  The latencies' tails are in the mean two-way latencies already (and the one-way
+    curve's medians leave them out on purpose: module doc, stage 6).  D's tails are stalls of a
+    rank's program, the longest of them (30-100 ms, a few a minute on a 2-vCPU KVM guest) where the
+    hypervisor took the CPUs: a stall that hits a step in fifty leaves the median step that
+    `autopar train` and the accuracy benchmark report alone, while D's plain variance let a few of
+    them set the rate (262-932 us (sd) per ms run over eleven benchmark runs' calibrations,
+    interquartile ranges 42-104 over six runs of the chain alone; calibration method 16,
+    docs/simulation.md, "Forty-ninth round").  The chain's two-way exchanges are 0.6-13 ms of each
+    rank's run apart, from its smallest batch to its largest."""
     extra = spent = 0.0
     leave, per_batch = [], []
     for batch in sorted(runs[0]):
@@ -1674,7 +1677,7 @@ def arrival_noise(runs: list[dict[int, dict[str, list]]],
                 left[k].append(b[p][1] - a[p][1])
                 ran[k].append(a[k][0] - a[p][1] + b[k][0] - b[p][1])
         calls = [k for k in enter if len(enter[k]) > 1]
-        y = sum(statistics.pvariance(enter[k]) - statistics.pvariance(left[k]) for k in calls)
+        y = sum(spread(enter[k]) - spread(left[k]) for k in calls)
         t = sum(statistics.fmean(ran[k]) for k in calls)
         extra, spent = extra + y, spent + t
         _, size = message_latencies([r[batch] for r in runs])

@@ -197,7 +197,10 @@ class Curve:
 #: last-level cache the ranks share (``shared_cache_bytes``, `planner.sim.reuse`).  14: the wait
 #: for a step's send requests at its end (``send_wait_s``, `autopar.trainer.calibrate.send_waits`).
 #: 15: zeroing the gradient buckets as a step starts (``zero``, `autopar.trainer.calibrate.fit_zero`).
-CALIBRATION_METHOD = 15
+#: 16: the ranks' drift between exchanges (``jitter``) from the interquartile ranges of their
+#: offsets, not their variances, which the hypervisor's rare stalls set
+#: (`autopar.trainer.calibrate.arrival_noise`).
+CALIBRATION_METHOD = 16
 
 
 @dataclass(frozen=True)
