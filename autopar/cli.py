@@ -207,10 +207,12 @@ def _build_parser(command: str | None = None) -> argparse.ArgumentParser:
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--keep", metavar="DIR",
                    help="accuracy: keep the run in the new folder DIR (its profile cache with the calibration, the "
-                        "op times taken between and after each model's steps, and the JSON), for --rescore")
+                        "op times taken between and after each model's steps, the message workloads' records "
+                        "taken between them, and the JSON), for --rescore")
     b.add_argument("--rescore", metavar="DIR", nargs="+",
                    help="accuracy: measure nothing; simulate the rows of the runs kept in DIR... again with this "
-                        "code, and report each run's totals and all of them pooled, as recorded and now")
+                        "code (their messages fitted again from the records, where kept), and report each run's "
+                        "totals and all of them pooled, as recorded and now")
     b.add_argument("--row-profile", choices=("search", "during_steps"),
                    help="accuracy --rescore: price every kept run's rows with the search's profile or with the ops "
                         "the training ranks timed between the blocks of the steps, whichever the run priced them "

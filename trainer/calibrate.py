@@ -162,8 +162,10 @@ is: run it when nothing else competes for the cores.  `calibrate(world)` measure
    The two-way chain's timestamps also say how much the ranks' arrivals at an exchange vary
    from step to step (`arrival_noise`): the variance two ranks' offset gains per second each
    runs (``jitter``) and the variance it has as they leave an exchange (``leave_var``), by size;
-   the one-way chain's, the variance of a one-way message's latency (``latency_var``).  The
-   simulator prices each wait as its mean under that noise (`planner.sim.waits`).
+   the one-way chain's, the variance of a one-way message's latency (``latency_var``); each the
+   variance of the Gaussian with the samples' interquartile range (`spread`), so that a few
+   stalls of the host do not set it (calibration method 16).  The simulator prices each wait as
+   its mean under that noise (`planner.sim.waits`).
 
 7. **Messages of one exchange** (``message_serial_s``, `message_serial`): ranks 0 and 1 compute
    for 1 ms, then exchange one piece each way, or two, in one `exchange_many` call, 600 times
