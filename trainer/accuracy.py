@@ -576,7 +576,7 @@ def cpu_clock(stat: str = "/proc/stat") -> dict[str, float]:
     hypervisor gave to others while this machine's CPUs had work (``steal_s``: the "steal" column
     of Linux's `stat`), in seconds; empty where there is no such file.  Two readings say what share
     of the CPUs' time was stolen in between (`_drift`).  On the 2-vCPU KVM guest the longest stalls
-    of the ranks' programs (30-90 ms, a few in a minute of the calibration's in-situ workload)
+    of the ranks' programs (30-100 ms, a few in a minute of the calibration's in-situ workload)
     fell in the intervals that had steal in them (docs/simulation.md, "Forty-ninth round")."""
     try:
         with open(stat, encoding="ascii") as fh:
