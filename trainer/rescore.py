@@ -39,8 +39,8 @@ from typing import Any, Callable
 
 from autopar.planner.errors import AutoparError
 
-from .accuracy import (_EXAMPLES, _OPT, DURING_STEPS, LLC, MESSAGE_FIELDS, MESSAGES, PROFILE, RESULT, ROW_PROFILES,
-                       WORLD, KeptRunError, keep_folder, kept_messages, message_calibration, record, totals)
+from .accuracy import (_EXAMPLES, _OPT, DURING_STEPS, LLC, MESSAGES, PROFILE, RESULT, ROW_PROFILES, WORLD, KeptRunError,
+                       _message_fields, keep_folder, kept_messages, message_calibration, record, totals)
 from .retime import with_cold_of
 
 
@@ -152,7 +152,7 @@ def _refit_messages(folder: Path, model: str, how: str, runtime: Any) -> tuple[A
     except (ValueError, KeyError, IndexError, TypeError, ZeroDivisionError) as e:
         raise KeptRunError(f"{path}: its in-situ records cannot be fitted by this autopar ({type(e).__name__}: {e}); "
                            "rescore without them by moving the file away, or keep a new run") from e
-    return replace(runtime, **{f: getattr(fitted, f) for f in MESSAGE_FIELDS}), True
+    return replace(runtime, **_message_fields(fitted)), True
 
 
 def rescore_run(folder: str | os.PathLike, log: Callable[[str], None] = lambda _: None,
